@@ -1,0 +1,1 @@
+"""Broker adapters, importable as ``iqbridge.adapters.<name>``."""

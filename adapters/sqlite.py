@@ -1,0 +1,160 @@
+"""Embedded SQLite queue: ``sqlite:///path/file.db`` (relative) or ``sqlite:////abs/path.db``.
+
+Features: queue rows in the same SQLite file (WAL) as the index, so a put, a claim or a
+done is one transaction; safe across threads and processes; index-driven delivery in
+priority then put (rowid) order; payloads kept after consumption until purged
+(journalled retention). No server needed: this is the default backend.
+
+Options (query parameters): ``synchronous=normal|full`` (default normal: a crash of the
+process loses nothing; ``full`` also survives power loss), ``busy_timeout`` in seconds
+(default 30). Its default index is the SQLite store on the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from iqbridge.adapter import Capabilities
+from iqbridge.errors import ConfigurationError, IndexUnavailable
+from iqbridge.model import Envelope, Received
+from iqbridge.stores.sqlite import SqliteDatabase, SqliteStore
+
+__all__ = ["SqliteAdapter"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS iq_queue_rows (
+    ref INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue TEXT NOT NULL,
+    msg_id TEXT NOT NULL,
+    body BLOB NOT NULL,
+    content_type TEXT NOT NULL,
+    headers TEXT,
+    publisher TEXT NOT NULL,
+    correlation_id TEXT,
+    priority INTEGER NOT NULL,
+    ordering_key TEXT NOT NULL,
+    parents TEXT,
+    put_at INTEGER NOT NULL
+);
+"""
+
+_INSERT = (
+    "INSERT INTO iq_queue_rows (queue, msg_id, body, content_type, headers, publisher,"
+    " correlation_id, priority, ordering_key, parents, put_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
+
+
+class SqliteAdapter:
+    """The embedded queue: payload rows beside the index in one SQLite file."""
+
+    capabilities = Capabilities(
+        native_groups=False,
+        read_by_ref=True,
+        shares_index_transaction=True,
+        max_payload_bytes=512 * 1024 * 1024,
+    )
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self.db = db
+        self.url = f"sqlite:///{db.path}"
+        with db.connect() as conn:
+            conn.executescript(_SCHEMA)
+
+    @classmethod
+    def from_url(cls, url: str) -> SqliteAdapter:
+        """Open the queue file a ``sqlite:///`` URL names (created if missing)."""
+        return cls(SqliteDatabase.shared(url))
+
+    def default_index(self) -> SqliteStore:
+        """The index in the same file: one transaction covers queue rows and states."""
+        return SqliteStore(self.db.acquire())
+
+    def declare(self, queue: str, groups: Sequence[str]) -> None:
+        """Nothing to create: rows carry their queue name."""
+
+    def send(self, queue: str, envelopes: Sequence[Envelope]) -> list[str]:
+        """Insert queue rows; joins the caller's transaction if one is open."""
+        rows = [
+            (
+                queue,
+                e.msg_id,
+                e.body,
+                e.content_type,
+                json.dumps(e.headers) if e.headers else None,
+                e.publisher,
+                e.correlation_id,
+                e.priority,
+                e.ordering_key,
+                json.dumps(list(e.parents)) if e.parents else None,
+                e.put_at,
+            )
+            for e in envelopes
+        ]
+        try:
+            with self.db.transaction() as conn:
+                return [str(conn.execute(_INSERT, row).lastrowid) for row in rows]
+        except sqlite3.Error as exc:
+            raise IndexUnavailable(f"SQLite queue {str(self.db.path)!r}: {exc}") from exc
+
+    def receive(
+        self,
+        queue: str,
+        group: str,
+        consumer: str,
+        *,
+        count: int,
+        timeout: float,
+        min_idle: float | None = None,
+    ) -> list[Received]:
+        """Not used: delivery on the embedded queue is index-driven."""
+        raise ConfigurationError(
+            "the sqlite adapter is index-driven; the facade never calls receive"
+        )
+
+    def ack(self, queue: str, group: str, refs: Sequence[str]) -> None:
+        """Nothing to do: the index state is the acknowledgement."""
+
+    def requeue(self, queue: str, group: str, ref: str) -> None:
+        """Nothing to do: AVAILABLE in the index makes it deliverable again."""
+
+    def dead_letter(self, queue: str, group: str, ref: str, reason: str) -> None:
+        """Nothing to do: UNUSABLE in the index is the dead-letter state."""
+
+    def read(self, queue: str, ref: str) -> Envelope | None:
+        """The stored envelope at a row reference."""
+        try:
+            row = self.db.conn.execute(
+                "SELECT msg_id, body, content_type, headers, publisher, correlation_id,"
+                " priority, ordering_key, parents, put_at FROM iq_queue_rows WHERE ref=?",
+                (int(ref),),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise IndexUnavailable(f"SQLite queue {str(self.db.path)!r}: {exc}") from exc
+        return _envelope(row) if row is not None else None
+
+    def delete(self, queue: str, refs: Sequence[str]) -> None:
+        """Delete queue rows (purge)."""
+        with self.db.transaction() as conn:
+            conn.executemany("DELETE FROM iq_queue_rows WHERE ref=?", [(int(r),) for r in refs])
+
+    def close(self) -> None:
+        """Close the file's connections."""
+        self.db.close()
+
+
+def _envelope(row: Sequence[Any]) -> Envelope:
+    return Envelope(
+        msg_id=row[0],
+        body=bytes(row[1]),
+        content_type=row[2],
+        headers=json.loads(row[3]) if row[3] else {},
+        publisher=row[4],
+        correlation_id=row[5],
+        priority=row[6],
+        ordering_key=row[7],
+        parents=tuple(json.loads(row[8])) if row[8] else (),
+        put_at=row[9],
+    )

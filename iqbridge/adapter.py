@@ -1,0 +1,109 @@
+"""The broker adapter contract: a few methods plus a :class:`Capabilities` value.
+
+An adapter moves envelopes to and from one kind of broker and nothing more: it never
+decides state (the engine does) and never records it (the index store does). Driver
+exceptions are translated into :mod:`iqbridge.errors` at this boundary.
+
+Two delivery styles exist, declared in :attr:`Capabilities.native_groups`:
+
+* native groups (Redis Streams, RabbitMQ, Kafka, ...): the broker hands each consumer
+  group its entries (:meth:`Adapter.receive`), keeps unacknowledged ones pending and lets
+  idle ones be claimed again; the facade claims each in the index and acks when the
+  subscriber is finished.
+* index-driven (the embedded SQLite queue): the broker only stores payloads; the index
+  decides what each subscriber gets next and the facade reads the payload by reference
+  (:meth:`Adapter.read`), in the same transaction when
+  :attr:`Capabilities.shares_index_transaction` is true.
+
+Every adapter passes the shared suite in :mod:`iqbridge.testing.adapter_contract`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from iqbridge.model import Envelope, Received
+
+__all__ = ["Adapter", "Capabilities"]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a broker can do natively; the facade fills the gaps the same way everywhere."""
+
+    #: The broker serves consumer groups itself (receive/ack); else delivery is index-driven.
+    native_groups: bool
+    #: Payloads can be read again by native reference (browse, re-reveal, redelivery).
+    read_by_ref: bool = True
+    #: send/read run inside the index store's transaction (same database).
+    shares_index_transaction: bool = False
+    #: The broker orders deliveries by priority itself.
+    native_priority: bool = False
+    #: Largest payload the broker accepts, in bytes.
+    max_payload_bytes: int = 64 * 1024 * 1024
+    #: Payloads stay after acknowledgement until deleted (journalled retention).
+    retains_after_ack: bool = True
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """One broker. Methods raise only :mod:`iqbridge.errors` exceptions."""
+
+    #: The broker URL with any password removed (safe to log).
+    url: str
+    capabilities: Capabilities
+
+    def declare(self, queue: str, groups: Sequence[str]) -> None:
+        """Create the queue and the consumer groups if missing (idempotent).
+
+        New groups start at the beginning of the queue, so they see earlier entries.
+        """
+        ...
+
+    def send(self, queue: str, envelopes: Sequence[Envelope]) -> list[str]:
+        """Store envelopes in order; return their native references."""
+        ...
+
+    def receive(
+        self,
+        queue: str,
+        group: str,
+        consumer: str,
+        *,
+        count: int,
+        timeout: float,
+        min_idle: float | None = None,
+    ) -> list[Received]:
+        """Up to ``count`` entries for a consumer of a group (native groups only).
+
+        With ``min_idle``, entries pending with other consumers for longer than that many
+        seconds are claimed first (crashed consumers' work). Blocks up to ``timeout``.
+        """
+        ...
+
+    def ack(self, queue: str, group: str, refs: Sequence[str]) -> None:
+        """The group is finished with these entries."""
+        ...
+
+    def requeue(self, queue: str, group: str, ref: str) -> None:
+        """Make a pending entry deliverable to the group again."""
+        ...
+
+    def dead_letter(self, queue: str, group: str, ref: str, reason: str) -> None:
+        """The group gives up on an entry (UNUSABLE): ack it and park it where the broker
+        keeps dead letters, if it has such a place."""
+        ...
+
+    def read(self, queue: str, ref: str) -> Envelope | None:
+        """The envelope at a native reference, or None if the broker no longer has it."""
+        ...
+
+    def delete(self, queue: str, refs: Sequence[str]) -> None:
+        """Remove stored entries (purge of journalled messages)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...

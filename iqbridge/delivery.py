@@ -1,0 +1,181 @@
+"""A message handed to one subscriber, and the moves it can make from there."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from iqbridge.model import Envelope, from_micros
+from iqbridge.payload import decode
+from iqbridge.states import SubscriberState
+
+if TYPE_CHECKING:
+    from iqbridge.queue import Queue
+
+__all__ = ["Delivery"]
+
+_UNSET: Any = object()
+
+
+class Delivery:
+    """A message as fetched by one subscriber: payload, headers, ids and attempt.
+
+    It is FETCHED when you get it and moves on with :meth:`in_process`, :meth:`done`,
+    :meth:`unusable` or :meth:`release`. As a context manager it marks IN_PROCESS on
+    entry and DONE on a clean exit; on an exception the queue's retry policy either
+    releases it for another attempt (after a backoff delay) or marks it UNUSABLE with the
+    exception as the reason, and the exception propagates.
+
+    Every move is fenced by the delivery's lease token: if the lease ran out and the
+    message was handed to someone else, the move raises
+    :class:`~iqbridge.errors.LeaseLost` and changes nothing.
+    """
+
+    __slots__ = (
+        "_envelope",
+        "_payload",
+        "_queue",
+        "_token",
+        "attempt",
+        "max_attempts",
+        "msg_id",
+        "state",
+        "subscriber",
+    )
+
+    def __init__(
+        self,
+        queue: Queue,
+        envelope: Envelope,
+        subscriber: str,
+        token: str,
+        attempt: int,
+        max_attempts: int,
+    ) -> None:
+        self._queue = queue
+        self._envelope = envelope
+        self._token = token
+        self._payload: Any = _UNSET
+        self.msg_id = envelope.msg_id
+        self.subscriber = subscriber
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.state: SubscriberState = SubscriberState.FETCHED
+
+    # --- what was delivered -----------------------------------------------------------
+
+    @property
+    def body(self) -> bytes:
+        """The payload bytes exactly as stored on the broker."""
+        return self._envelope.body
+
+    @property
+    def payload(self) -> Any:
+        """The decoded payload: bytes, str or a JSON value (by content type).
+
+        Raises :class:`~iqbridge.errors.PayloadError` for malformed data.
+        """
+        if self._payload is _UNSET:
+            self._payload = decode(self._envelope.body, self._envelope.content_type)
+        return self._payload
+
+    @property
+    def content_type(self) -> str:
+        """The payload's content type."""
+        return self._envelope.content_type
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Application headers given at put."""
+        return self._envelope.headers
+
+    @property
+    def correlation_id(self) -> str | None:
+        """The correlation id given at put."""
+        return self._envelope.correlation_id
+
+    @property
+    def priority(self) -> int:
+        """0 (lowest) to 9 (highest)."""
+        return self._envelope.priority
+
+    @property
+    def publisher(self) -> str:
+        """Who put the message."""
+        return self._envelope.publisher
+
+    @property
+    def ordering_key(self) -> str:
+        """Messages with the same key are processed in put order by a Worker."""
+        return self._envelope.ordering_key
+
+    @property
+    def parents(self) -> tuple[str, ...]:
+        """Ids of the messages this one was derived from."""
+        return self._envelope.parents
+
+    @property
+    def put_at(self) -> datetime:
+        """When it was put (UTC)."""
+        return from_micros(self._envelope.put_at)
+
+    @property
+    def queue(self) -> str:
+        """The queue's name."""
+        return self._queue.name
+
+    @property
+    def confirm_id(self) -> str:
+        """The id that confirm_get and undo take, usable from any process."""
+        return f"{self.msg_id}/{self.subscriber}/{self._token}"
+
+    # --- moves ------------------------------------------------------------------------
+
+    def in_process(self) -> None:
+        """FETCHED -> IN_PROCESS."""
+        self._queue._process(self.msg_id, self.subscriber, self._token)
+        self.state = SubscriberState.IN_PROCESS
+
+    def done(self) -> None:
+        """-> DONE (and JOURNALLED): never delivered to this subscriber again."""
+        self.state = self._queue._done(self.msg_id, self.subscriber, self._token)
+
+    def unusable(self, reason: str) -> None:
+        """-> UNUSABLE (and JOURNALLED) with the reason; the publisher may re-reveal it."""
+        self.state = self._queue._unusable(self.msg_id, self.subscriber, self._token, reason)
+
+    def release(self, delay: float = 0.0, reason: str = "released") -> None:
+        """Give it back: AVAILABLE again after ``delay`` seconds, attempt + 1."""
+        self.state = self._queue._release(self.msg_id, self.subscriber, self._token, reason, delay)
+
+    def renew(self, lease: float | None = None) -> None:
+        """Extend the lease by ``lease`` seconds from now (default: the queue's lease)."""
+        self._queue._renew(self.msg_id, self.subscriber, self._token, lease)
+
+    def __enter__(self) -> Delivery:
+        self.in_process()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.done()
+            return
+        policy = self._queue.retry
+        reason = f"{type(exc).__name__}: {exc}"[:1000]
+        if policy.gives_up(exc, self.attempt, self.max_attempts):
+            self.unusable(reason)
+        else:
+            self.release(policy.delay(self.attempt), reason)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Delivery {self.msg_id} to {self.subscriber!r} attempt {self.attempt} "
+            f"{self.state.value}>"
+        )

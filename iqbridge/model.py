@@ -1,0 +1,330 @@
+"""Records and views of the state model.
+
+Internally every timestamp is an ``int`` of microseconds since the Unix epoch, UTC;
+public views turn them into timezone-aware :class:`datetime.datetime` values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from iqbridge.errors import AudienceError
+from iqbridge.states import (
+    ActorKind,
+    Mode,
+    PublisherState,
+    SubscriberState,
+)
+
+__all__ = [
+    "Audience",
+    "Envelope",
+    "Filter",
+    "JournalEntry",
+    "Member",
+    "MessageRecord",
+    "MessageState",
+    "MessageSummary",
+    "Pool",
+    "Received",
+    "SubscriberView",
+    "Subscriptions",
+    "from_micros",
+    "to_micros",
+]
+
+
+def to_micros(value: datetime) -> int:
+    """Microseconds since the epoch for an aware (or UTC-naive) datetime."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_micros(value: int) -> datetime:
+    """The aware UTC datetime of a microsecond timestamp."""
+    return _EPOCH + timedelta(microseconds=value)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_NAME_MAX = 200
+
+
+def check_name(kind: str, name: str) -> str:
+    """Validate a queue, subscriber or pool name; return it."""
+    if not isinstance(name, str) or not name or len(name) > _NAME_MAX:
+        raise AudienceError(f"{kind} name must be a non-empty string of at most {_NAME_MAX} chars")
+    if any(c.isspace() or c in "/\x00" for c in name):
+        raise AudienceError(f"{kind} name {name!r} may not contain whitespace, '/' or NUL")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A subscriber pool: the first member whose get succeeds owns the message."""
+
+    name: str
+    members: tuple[str, ...] = ()
+
+    def __init__(self, name: str, members: Iterable[str] = ()) -> None:
+        object.__setattr__(self, "name", check_name("pool", name))
+        object.__setattr__(self, "members", tuple(check_name("subscriber", m) for m in members))
+
+
+@dataclass(frozen=True, slots=True)
+class Audience:
+    """Named subscribers (each gets the message once) plus pools (one member each)."""
+
+    subscribers: tuple[str, ...] = ()
+    pools: tuple[Pool, ...] = ()
+
+    @property
+    def mode(self) -> Mode:
+        """pubsub, pool or combined, derived from who is in the audience."""
+        if not self.pools:
+            return Mode.PUBSUB
+        if not self.subscribers and len(self.pools) == 1:
+            return Mode.POOL
+        return Mode.COMBINED
+
+    def members(self) -> list[tuple[str, str | None]]:
+        """Every intended subscriber with the pool it belongs to (None for named ones)."""
+        out: list[tuple[str, str | None]] = [(s, None) for s in self.subscribers]
+        for pool in self.pools:
+            out.extend((m, pool.name) for m in pool.members)
+        return out
+
+    def validate(self) -> Audience:
+        """Raise AudienceError unless every subscriber appears once and pools are non-empty."""
+        seen: set[str] = set()
+        if not self.subscribers and not self.pools:
+            raise AudienceError(
+                "message has no audience: pass to=[subscribers or Pool(...)] or subscribe "
+                "subscribers to the queue first (queue.subscribe(...))"
+            )
+        for pool in self.pools:
+            if not pool.members:
+                raise AudienceError(
+                    f"pool {pool.name!r} has no members: declare them with "
+                    f"queue.subscribe_pool({pool.name!r}, [...]) or Pool({pool.name!r}, [...])"
+                )
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise AudienceError(f"pool named twice in one audience: {names}")
+        for name, _pool in self.members():
+            if name in seen:
+                raise AudienceError(
+                    f"subscriber {name!r} appears twice in one audience (a subscriber may be "
+                    f"named once or be in one pool of a message, not both)"
+                )
+            seen.add(name)
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Subscriptions:
+    """A queue's subscribers and pools, kept in the index.
+
+    ``subscribers`` and ``pools`` are the standing audience, used when a put names no
+    ``to``; ``adhoc_pools`` are pools named inline by earlier puts (``Pool(name,
+    members)``), remembered so their members know which consumer groups to read.
+    """
+
+    subscribers: tuple[str, ...] = ()
+    pools: tuple[Pool, ...] = ()
+    adhoc_pools: tuple[Pool, ...] = ()
+
+    def audience(self) -> Audience:
+        """The audience a put without ``to`` is revealed to."""
+        return Audience(self.subscribers, self.pools)
+
+    def pool(self, name: str) -> Pool | None:
+        """A declared or remembered pool by name."""
+        for p in (*self.pools, *self.adhoc_pools):
+            if p.name == name:
+                return p
+        return None
+
+    def groups_for(self, subscriber: str) -> list[str]:
+        """Consumer groups a subscriber reads on a broker with native groups.
+
+        A subscriber always reads its own group (named subscribers of any put), then
+        the group of every pool it is a member of.
+        """
+        groups = [subscriber]
+        groups.extend(p.name for p in (*self.pools, *self.adhoc_pools) if subscriber in p.members)
+        return groups
+
+
+@dataclass(slots=True)
+class Member:
+    """One intended subscriber's state for one message."""
+
+    subscriber: str
+    pool: str | None
+    state: SubscriberState | None = None
+    outcome: SubscriberState | None = None
+    attempt: int = 1
+    lease_token: str | None = None
+    lease_owner: str | None = None
+    lease_until: int | None = None
+    not_before: int | None = None
+    reason: str | None = None
+    updated_at: int = 0
+
+
+@dataclass(slots=True)
+class MessageRecord:
+    """Everything the index knows of one message, apart from its payload and history."""
+
+    msg_id: str
+    queue: str
+    publisher: str
+    ordering_key: str
+    priority: int
+    mode: Mode
+    created_at: int
+    correlation_id: str | None = None
+    parents: tuple[str, ...] = ()
+    native_ref: str | None = None
+    content_type: str = "application/octet-stream"
+    size: int = 0
+    expires_at: int | None = None
+    max_attempts: int = 5
+    publisher_state: PublisherState | None = None
+    withdrawn: bool = False
+    updated_at: int = 0
+    lock_id: str | None = None
+    lock_owner: str | None = None
+    lock_until: int | None = None
+    version: int = 0
+    seq: int | None = None
+    members: dict[str, Member] = field(default_factory=dict)
+
+    def copy(self) -> MessageRecord:
+        """A deep-enough copy: the engine mutates the copy, never the original."""
+        new = dataclasses.replace(self)
+        new.members = {k: dataclasses.replace(m) for k, m in self.members.items()}
+        return new
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """One transition: appended for every state change, read by history and analytics."""
+
+    msg_id: str
+    queue: str
+    actor: str
+    actor_kind: ActorKind
+    src: str | None
+    dst: str
+    at: int
+    attempt: int = 1
+    detail: str | None = None
+    seq: int | None = None
+
+    @property
+    def timestamp(self) -> datetime:
+        """When the transition happened (UTC)."""
+        return from_micros(self.at)
+
+
+@dataclass(slots=True)
+class Envelope:
+    """What travels on the broker: the payload bytes plus the iqbridge envelope fields."""
+
+    msg_id: str
+    body: bytes
+    content_type: str = "application/octet-stream"
+    headers: dict[str, str] = field(default_factory=dict)
+    publisher: str = ""
+    correlation_id: str | None = None
+    priority: int = 4
+    ordering_key: str = ""
+    parents: tuple[str, ...] = ()
+    put_at: int = 0
+
+    def payload(self) -> object:
+        """The decoded payload (bytes, str or a JSON value, by content type)."""
+        from iqbridge.payload import decode
+
+        return decode(self.body, self.content_type)
+
+
+@dataclass(slots=True)
+class Received:
+    """One delivery from a broker's consumer group, before the index has claimed it."""
+
+    native_ref: str
+    group: str
+    envelope: Envelope
+    adopted: bool = False
+    delivery_count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Search criteria, all answered from the index without reading payloads."""
+
+    msg_id: str | None = None
+    correlation_id: str | None = None
+    priority: int | tuple[int, int] | None = None
+    publisher: str | None = None
+    state: PublisherState | SubscriberState | None = None
+    subscriber: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    lock_id: str | None = None
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberView:
+    """One subscriber's view of a message: current state and full history."""
+
+    subscriber: str
+    pool: str | None
+    state: SubscriberState | None
+    history: tuple[tuple[SubscriberState, datetime], ...]
+    attempt: int
+    reason: str | None
+    lease_owner: str | None
+    lease_until: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageState:
+    """The answer of ``queue.state(msg_id)``: both views with timestamps."""
+
+    msg_id: str
+    queue: str
+    publisher: str
+    mode: Mode
+    correlation_id: str | None
+    priority: int
+    parents: tuple[str, ...]
+    publisher_state: PublisherState | None
+    publisher_history: tuple[tuple[PublisherState, datetime], ...]
+    subscribers: Mapping[str, SubscriberView]
+    journal: tuple[JournalEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSummary:
+    """One search hit: index fields and current states, never the payload."""
+
+    msg_id: str
+    queue: str
+    publisher: str
+    correlation_id: str | None
+    priority: int
+    mode: Mode
+    publisher_state: PublisherState | None
+    created_at: datetime
+    subscribers: Mapping[str, SubscriberState | None]
+    parents: Sequence[str] = ()

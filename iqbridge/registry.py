@@ -1,0 +1,105 @@
+"""Adapters and index stores found by URL scheme.
+
+One alias table per kind maps a scheme to ``module:Class``; the class has a ``from_url``
+classmethod. Third-party brokers register an adapter under the ``iqbridge.adapters``
+entry-point group. An unknown scheme raises :class:`~iqbridge.errors.UnknownSchemeError`
+with a "did you mean" hint; a known scheme whose driver is not installed raises
+:class:`~iqbridge.errors.ConfigurationError` naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from importlib.metadata import entry_points
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from iqbridge.adapter import Adapter
+from iqbridge.errors import ConfigurationError, UnknownSchemeError
+from iqbridge.stores.base import IndexStore
+
+__all__ = ["ADAPTERS", "STORES", "open_adapter", "open_store", "redact"]
+
+#: scheme -> (import path, extra that installs its driver)
+ADAPTERS: dict[str, tuple[str, str | None]] = {
+    "memory": ("iqbridge.adapters.memory:MemoryAdapter", None),
+    "sqlite": ("iqbridge.adapters.sqlite:SqliteAdapter", None),
+}
+
+STORES: dict[str, tuple[str, str | None]] = {
+    "memory": ("iqbridge.stores.memory:MemoryStore", None),
+    "sqlite": ("iqbridge.stores.sqlite:SqliteStore", None),
+}
+
+_EP_GROUP = "iqbridge.adapters"
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ``***`` (safe for logs and errors)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _scheme(url: str, kind: str) -> str:
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(
+            f"{kind} URL {redact(str(url))!r} has no scheme; write it like "
+            f"sqlite:///iqbridge.db, memory://, redis://localhost:6379/0"
+        )
+    return url.split("://", 1)[0].lower()
+
+
+def _load(target: str, scheme: str, extra: str | None) -> Any:
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if extra and exc.name and not exc.name.startswith("iqbridge"):
+            raise ConfigurationError(
+                f"the {scheme}:// backend needs the {exc.name!r} driver: "
+                f"pip install 'iqbridge[{extra}]'"
+            ) from exc
+        raise
+    return getattr(module, attr)
+
+
+def _plugins() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=_EP_GROUP)}
+
+
+def open_adapter(url: str) -> Adapter:
+    """The adapter for a broker URL."""
+    scheme = _scheme(url, "broker")
+    if scheme in ADAPTERS:
+        target, extra = ADAPTERS[scheme]
+        cls = _load(target, scheme, extra)
+    else:
+        plugins = _plugins()
+        if scheme not in plugins:
+            known = sorted(set(ADAPTERS) | set(plugins))
+            close = difflib.get_close_matches(scheme, known, n=1)
+            raise UnknownSchemeError(scheme, known, close[0] if close else None)
+        cls = plugins[scheme].load()
+    adapter: Adapter = cls.from_url(url)
+    return adapter
+
+
+def open_store(url: str) -> IndexStore:
+    """The index store for an index URL."""
+    scheme = _scheme(url, "index")
+    if scheme not in STORES:
+        close = difflib.get_close_matches(scheme, list(STORES), n=1)
+        raise UnknownSchemeError(scheme, list(STORES), close[0] if close else None)
+    target, extra = STORES[scheme]
+    store: IndexStore = _load(target, scheme, extra).from_url(url)
+    return store

@@ -1,0 +1,1 @@
+"""Side-index stores: where message states and the journal live."""

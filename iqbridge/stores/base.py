@@ -1,0 +1,132 @@
+"""The side-index store contract.
+
+A store persists what the engine decides; it never decides what is legal. It keeps the
+message records (index fields and every subscriber's current state), the journal of
+every transition, and each queue's standing subscriptions. Every store passes the shared
+suite in :mod:`iqbridge.testing.store_contract`.
+
+Atomicity: :meth:`IndexStore.commit` applies one :class:`~iqbridge.engine.Change` all
+or nothing, and only if the record still has ``change.expected_version`` (compare-and-set);
+otherwise it raises :class:`StaleRecord` and the caller re-reads and retries.
+:meth:`IndexStore.atomic` groups several calls in one transaction where the store can
+(SQLite, SQL); stores without interactive transactions return a no-op context and rely on
+compare-and-set alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from iqbridge.engine import Change
+from iqbridge.model import Filter, JournalEntry, MessageRecord, MessageSummary, Subscriptions
+
+__all__ = ["IndexStore", "PurgedMessage", "StaleRecord"]
+
+
+class StaleRecord(Exception):
+    """The record changed since it was read; re-read and retry. Never escapes the facade."""
+
+    def __init__(self, msg_id: str) -> None:
+        self.msg_id = msg_id
+        super().__init__(f"message {msg_id} changed concurrently")
+
+
+@dataclass(frozen=True, slots=True)
+class PurgedMessage:
+    """A message removed from the index by a purge, with where its payload lived."""
+
+    msg_id: str
+    native_ref: str | None
+
+
+@runtime_checkable
+class IndexStore(Protocol):
+    """Where message states, histories and subscriptions live."""
+
+    #: The store's URL with any password removed (safe to log).
+    url: str
+
+    def atomic(self) -> AbstractContextManager[None]:
+        """Group the calls made inside in one transaction, where the store can."""
+        ...
+
+    def commit(self, change: Change) -> None:
+        """Persist a change (a new message or a move) atomically, with compare-and-set.
+
+        Raises StaleRecord if the stored version is no longer ``change.expected_version``,
+        and leaves the store unchanged in that case. Assigns ``change.record.seq`` on insert.
+        """
+        ...
+
+    def commit_many(self, changes: Sequence[Change]) -> None:
+        """Commit several changes in one round trip where the store can; all or nothing."""
+        ...
+
+    def load(self, msg_id: str) -> MessageRecord:
+        """The current record; raises MessageNotFound."""
+        ...
+
+    def set_native_ref(self, msg_id: str, native_ref: str) -> None:
+        """Record where the broker keeps the payload (not a state change)."""
+        ...
+
+    def claimable(
+        self, queue: str, subscriber: str, now: int, limit: int, lock_id: str | None = None
+    ) -> list[str]:
+        """Ids AVAILABLE to ``subscriber`` now, in delivery order (priority desc, put order).
+
+        Excludes members delayed past ``now`` and messages whose time limit passed.
+        Without ``lock_id`` excludes browse-locked messages; with it, returns only
+        messages locked under it. ``min_attempt`` > 1 returns only redeliveries.
+        """
+        ...
+
+    def redeliverable(self, queue: str, subscriber: str, now: int, limit: int) -> list[str]:
+        """Like :meth:`claimable`, restricted to members on attempt 2 or later."""
+        ...
+
+    def due(self, queue: str | None, now: int, limit: int) -> list[str]:
+        """Ids with something time has made due: a lapsed lease, time limit or lock."""
+        ...
+
+    def history(self, msg_id: str) -> list[JournalEntry]:
+        """Every journal entry of one message, in order."""
+        ...
+
+    def search(self, queue: str, flt: Filter) -> list[MessageSummary]:
+        """Messages matching the filter, from index fields only, in put order."""
+        ...
+
+    def journal(self, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
+        """Journal entries with ``seq`` greater than ``after``, oldest first."""
+        ...
+
+    def purge(self, queue: str, before: int, limit: int = 1000) -> list[PurgedMessage]:
+        """Delete messages whose publisher is JOURNALLED since before ``before``.
+
+        The journal is kept (it is the audit trail and the analytics source).
+        """
+        ...
+
+    def declare_queue(self, queue: str) -> None:
+        """Make the queue known (idempotent)."""
+        ...
+
+    def queues(self) -> list[str]:
+        """Every known queue name."""
+        ...
+
+    def subscriptions(self, queue: str) -> Subscriptions:
+        """The queue's standing audience."""
+        ...
+
+    def set_subscriptions(self, queue: str, subs: Subscriptions) -> None:
+        """Replace the queue's standing audience."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...

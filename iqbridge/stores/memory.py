@@ -1,0 +1,304 @@
+"""In-process index store: dictionaries behind one lock. For tests and the memory:// adapter.
+
+Records are copied in and out, so nobody can change stored state except through
+:meth:`MemoryStore.commit`. Named stores (``memory://name``) are shared within a process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import ClassVar
+
+from iqbridge.engine import Change
+from iqbridge.errors import MessageNotFound
+from iqbridge.model import (
+    Filter,
+    JournalEntry,
+    MessageRecord,
+    MessageSummary,
+    Subscriptions,
+    from_micros,
+    to_micros,
+)
+from iqbridge.states import IN_DOUBT, PublisherState, SubscriberState
+from iqbridge.stores.base import PurgedMessage, StaleRecord
+
+__all__ = ["MemoryStore"]
+
+_AVAILABLE = SubscriberState.AVAILABLE
+
+
+class MemoryStore:
+    """An index store in process memory. Thread-safe; not shared across processes."""
+
+    _named: ClassVar[dict[str, MemoryStore]] = {}
+    _named_lock = threading.Lock()
+
+    def __init__(self, name: str = "") -> None:
+        self.url = f"memory://{name}"
+        self._lock = threading.RLock()
+        self._records: dict[str, MessageRecord] = {}
+        self._by_queue: dict[str, dict[str, None]] = {}
+        self._history: dict[str, list[JournalEntry]] = {}
+        self._journal: list[JournalEntry] = []
+        self._subs: dict[str, Subscriptions] = {}
+        self._seq = 0
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryStore:
+        """``memory://`` (private) or ``memory://name`` (shared in this process)."""
+        return cls.named(url.split("://", 1)[1].strip("/"))
+
+    @classmethod
+    def named(cls, name: str) -> MemoryStore:
+        """The process-wide store of that name (a new anonymous one for "")."""
+        if not name:
+            return cls()
+        with cls._named_lock:
+            store = cls._named.get(name)
+            if store is None:
+                store = cls._named[name] = cls(name)
+            return store
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Hold the store's lock: the calls inside see and make one consistent change."""
+        with self._lock:
+            yield
+
+    def commit(self, change: Change) -> None:
+        """Apply one change with compare-and-set on the version."""
+        with self._lock:
+            self._check(change)
+            self._apply(change)
+
+    def commit_many(self, changes: Sequence[Change]) -> None:
+        """Apply several changes, all or none."""
+        with self._lock:
+            for change in changes:
+                self._check(change)
+            for change in changes:
+                self._apply(change)
+
+    def _check(self, change: Change) -> None:
+        current = self._records.get(change.msg_id)
+        if change.created:
+            if current is not None:
+                raise StaleRecord(change.msg_id)
+        elif current is None or current.version != change.expected_version:
+            raise StaleRecord(change.msg_id)
+
+    def _apply(self, change: Change) -> None:
+        rec = change.record
+        if change.created:
+            self._seq += 1
+            rec.seq = self._seq
+            self._by_queue.setdefault(rec.queue, {})[rec.msg_id] = None
+            self._history[rec.msg_id] = []
+        else:
+            rec.native_ref = rec.native_ref or self._records[rec.msg_id].native_ref
+        self._records[rec.msg_id] = rec.copy()
+        hist = self._history[rec.msg_id]
+        for entry in change.journal:
+            stored = dataclasses.replace(entry, seq=len(self._journal) + 1)
+            self._journal.append(stored)
+            hist.append(stored)
+
+    def load(self, msg_id: str) -> MessageRecord:
+        """A copy of the current record."""
+        with self._lock:
+            rec = self._records.get(msg_id)
+            if rec is None:
+                raise MessageNotFound(msg_id)
+            return rec.copy()
+
+    def set_native_ref(self, msg_id: str, native_ref: str) -> None:
+        """Record where the payload lives."""
+        with self._lock:
+            rec = self._records.get(msg_id)
+            if rec is None:
+                raise MessageNotFound(msg_id)
+            rec.native_ref = native_ref
+
+    def _ordered(self, queue: str) -> list[MessageRecord]:
+        ids = self._by_queue.get(queue, {})
+        return [self._records[i] for i in ids]
+
+    def claimable(
+        self, queue: str, subscriber: str, now: int, limit: int, lock_id: str | None = None
+    ) -> list[str]:
+        """Available ids for a subscriber, priority first, then put order."""
+        return self._available(queue, subscriber, now, limit, lock_id, 1)
+
+    def redeliverable(self, queue: str, subscriber: str, now: int, limit: int) -> list[str]:
+        """Available ids on attempt 2 or later."""
+        return self._available(queue, subscriber, now, limit, None, 2)
+
+    def _available(
+        self,
+        queue: str,
+        subscriber: str,
+        now: int,
+        limit: int,
+        lock_id: str | None,
+        min_attempt: int,
+    ) -> list[str]:
+        with self._lock:
+            hits: list[tuple[int, int, str]] = []
+            for rec in self._ordered(queue):
+                m = rec.members.get(subscriber)
+                if m is None or m.state is not _AVAILABLE or m.attempt < min_attempt:
+                    continue
+                if m.not_before is not None and m.not_before > now:
+                    continue
+                if rec.expires_at is not None and rec.expires_at <= now:
+                    continue
+                locked = rec.lock_id is not None and (
+                    rec.lock_until is None or rec.lock_until > now
+                )
+                if (lock_id is None and locked) or (
+                    lock_id is not None and (not locked or rec.lock_id != lock_id)
+                ):
+                    continue
+                hits.append((-rec.priority, rec.seq or 0, rec.msg_id))
+            hits.sort()
+            return [h[2] for h in hits[:limit]]
+
+    def due(self, queue: str | None, now: int, limit: int) -> list[str]:
+        """Ids with a lapsed lease, time limit or browse lock."""
+        with self._lock:
+            out: list[str] = []
+            recs = self._ordered(queue) if queue else list(self._records.values())
+            for rec in recs:
+                if _is_due(rec, now):
+                    out.append(rec.msg_id)
+                    if len(out) >= limit:
+                        break
+            return out
+
+    def history(self, msg_id: str) -> list[JournalEntry]:
+        """The message's journal entries."""
+        with self._lock:
+            if msg_id not in self._history:
+                raise MessageNotFound(msg_id)
+            return list(self._history[msg_id])
+
+    def search(self, queue: str, flt: Filter) -> list[MessageSummary]:
+        """Filter on index fields only."""
+        with self._lock:
+            out: list[MessageSummary] = []
+            for rec in self._ordered(queue):
+                if _matches(rec, flt):
+                    out.append(summary(rec))
+                    if len(out) >= flt.limit:
+                        break
+            return out
+
+    def journal(self, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
+        """Journal entries after a sequence number."""
+        with self._lock:
+            return self._journal[after : after + limit]
+
+    def purge(self, queue: str, before: int, limit: int = 1000) -> list[PurgedMessage]:
+        """Drop journalled messages last changed before ``before``."""
+        with self._lock:
+            gone: list[PurgedMessage] = []
+            for rec in self._ordered(queue):
+                if rec.publisher_state is PublisherState.JOURNALLED and rec.updated_at < before:
+                    gone.append(PurgedMessage(rec.msg_id, rec.native_ref))
+                    if len(gone) >= limit:
+                        break
+            for p in gone:
+                del self._records[p.msg_id]
+                del self._by_queue[queue][p.msg_id]
+                del self._history[p.msg_id]
+            return gone
+
+    def declare_queue(self, queue: str) -> None:
+        """Make the queue known."""
+        with self._lock:
+            self._by_queue.setdefault(queue, {})
+            self._subs.setdefault(queue, Subscriptions())
+
+    def queues(self) -> list[str]:
+        """Known queues."""
+        with self._lock:
+            return sorted(self._by_queue)
+
+    def subscriptions(self, queue: str) -> Subscriptions:
+        """Standing audience of a queue."""
+        with self._lock:
+            return self._subs.get(queue, Subscriptions())
+
+    def set_subscriptions(self, queue: str, subs: Subscriptions) -> None:
+        """Replace the standing audience."""
+        with self._lock:
+            self._by_queue.setdefault(queue, {})
+            self._subs[queue] = subs
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _is_due(rec: MessageRecord, now: int) -> bool:
+    if rec.lock_id is not None and rec.lock_until is not None and rec.lock_until <= now:
+        return True
+    ttl_passed = rec.expires_at is not None and rec.expires_at <= now
+    if ttl_passed and rec.publisher_state is PublisherState.PUT:
+        return True
+    for m in rec.members.values():
+        if m.state in IN_DOUBT and m.lease_until is not None and m.lease_until <= now:
+            return True
+        if ttl_passed and m.state in (None, _AVAILABLE):
+            return True
+    return False
+
+
+def _matches(rec: MessageRecord, flt: Filter) -> bool:
+    if flt.msg_id is not None and rec.msg_id != flt.msg_id:
+        return False
+    if flt.correlation_id is not None and rec.correlation_id != flt.correlation_id:
+        return False
+    if flt.publisher is not None and rec.publisher != flt.publisher:
+        return False
+    if flt.priority is not None:
+        lo, hi = flt.priority if isinstance(flt.priority, tuple) else (flt.priority, flt.priority)
+        if not lo <= rec.priority <= hi:
+            return False
+    if flt.since is not None and rec.created_at < to_micros(flt.since):
+        return False
+    if flt.until is not None and rec.created_at >= to_micros(flt.until):
+        return False
+    if flt.lock_id is not None and rec.lock_id != flt.lock_id:
+        return False
+    if flt.subscriber is not None and flt.subscriber not in rec.members:
+        return False
+    if isinstance(flt.state, PublisherState):
+        return rec.publisher_state is flt.state
+    if isinstance(flt.state, SubscriberState):
+        members = (
+            [rec.members[flt.subscriber]]
+            if flt.subscriber is not None
+            else list(rec.members.values())
+        )
+        return any(m.state is flt.state for m in members)
+    return True
+
+
+def summary(rec: MessageRecord) -> MessageSummary:
+    """The search view of a record."""
+    return MessageSummary(
+        msg_id=rec.msg_id,
+        queue=rec.queue,
+        publisher=rec.publisher,
+        correlation_id=rec.correlation_id,
+        priority=rec.priority,
+        mode=rec.mode,
+        publisher_state=rec.publisher_state,
+        created_at=from_micros(rec.created_at),
+        subscribers={k: m.state for k, m in rec.members.items()},
+        parents=rec.parents,
+    )

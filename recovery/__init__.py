@@ -1,0 +1,1 @@
+"""Recovery: in-doubt leases, cross-queue recovery, reconciliation."""
