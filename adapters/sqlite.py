@@ -5,9 +5,10 @@ done is one transaction; safe across threads and processes; index-driven deliver
 priority then put (rowid) order; payloads kept after consumption until purged
 (journalled retention). No server needed: this is the default backend.
 
-Options (query parameters): ``synchronous=normal|full`` (default normal: a crash of the
-process loses nothing; ``full`` also survives power loss), ``busy_timeout`` in seconds
-(default 30). Its default index is the SQLite store on the same file.
+Options (query parameters): ``synchronous=full|normal`` (default full: whatever a call
+acknowledged survives power loss; normal: faster, survives a crash of the process but may
+lose the last commits on power loss), ``busy_timeout`` in seconds (default 30). Its
+default index is the SQLite store on the same file.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ class SqliteAdapter:
             for e in envelopes
         ]
         try:
-            with self.db.transaction() as conn:
+            # One row fails before writing anything: no savepoint needed for it.
+            with self.db.transaction(savepoint=len(rows) > 1) as conn:
                 return [str(conn.execute(_INSERT, row).lastrowid) for row in rows]
         except sqlite3.Error as exc:
             raise IndexUnavailable(f"SQLite queue {str(self.db.path)!r}: {exc}") from exc

@@ -7,11 +7,12 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from iqbridge.model import Envelope, from_micros
+from iqbridge.model import Envelope, MessageRecord, from_micros
 from iqbridge.payload import decode
 from iqbridge.states import SubscriberState
 
 if TYPE_CHECKING:
+    from iqbridge.engine import Change
     from iqbridge.queue import Queue
 
 __all__ = ["Delivery"]
@@ -37,6 +38,7 @@ class Delivery:
         "_envelope",
         "_payload",
         "_queue",
+        "_record",
         "_token",
         "attempt",
         "max_attempts",
@@ -53,8 +55,10 @@ class Delivery:
         token: str,
         attempt: int,
         max_attempts: int,
+        record: MessageRecord | None = None,
     ) -> None:
         self._queue = queue
+        self._record = record
         self._envelope = envelope
         self._token = token
         self._payload: Any = _UNSET
@@ -135,24 +139,37 @@ class Delivery:
 
     def in_process(self) -> None:
         """FETCHED -> IN_PROCESS."""
-        self._queue._process(self.msg_id, self.subscriber, self._token)
-        self.state = SubscriberState.IN_PROCESS
+        self._moved(self._queue._process(self.msg_id, self.subscriber, self._token, self._record))
 
     def done(self) -> None:
         """-> DONE (and JOURNALLED): never delivered to this subscriber again."""
-        self.state = self._queue._done(self.msg_id, self.subscriber, self._token)
+        self._moved(self._queue._done(self.msg_id, self.subscriber, self._token, self._record))
 
     def unusable(self, reason: str) -> None:
         """-> UNUSABLE (and JOURNALLED) with the reason; the publisher may re-reveal it."""
-        self.state = self._queue._unusable(self.msg_id, self.subscriber, self._token, reason)
+        self._moved(
+            self._queue._unusable(self.msg_id, self.subscriber, self._token, reason, self._record)
+        )
 
     def release(self, delay: float = 0.0, reason: str = "released") -> None:
         """Give it back: AVAILABLE again after ``delay`` seconds, attempt + 1."""
-        self.state = self._queue._release(self.msg_id, self.subscriber, self._token, reason, delay)
+        self._moved(
+            self._queue._release(
+                self.msg_id, self.subscriber, self._token, reason, delay, self._record
+            )
+        )
 
     def renew(self, lease: float | None = None) -> None:
         """Extend the lease by ``lease`` seconds from now (default: the queue's lease)."""
-        self._queue._renew(self.msg_id, self.subscriber, self._token, lease)
+        self._moved(
+            self._queue._renew(self.msg_id, self.subscriber, self._token, lease, self._record)
+        )
+
+    def _moved(self, change: Change) -> None:
+        self._record = change.record
+        state = change.record.members[self.subscriber].state
+        if state is not None:
+            self.state = state
 
     def __enter__(self) -> Delivery:
         self.in_process()

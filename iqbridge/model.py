@@ -6,13 +6,14 @@ public views turn them into timezone-aware :class:`datetime.datetime` values.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from iqbridge.errors import AudienceError
 from iqbridge.states import (
+    IN_DOUBT,
     ActorKind,
     Mode,
     PublisherState,
@@ -161,7 +162,7 @@ class Subscriptions:
         return groups
 
 
-@dataclass(slots=True)
+@dataclass
 class Member:
     """One intended subscriber's state for one message."""
 
@@ -177,8 +178,14 @@ class Member:
     reason: str | None = None
     updated_at: int = 0
 
+    def copy(self) -> Member:
+        """A shallow copy (every field is immutable)."""
+        new = Member.__new__(Member)
+        new.__dict__.update(self.__dict__)
+        return new
 
-@dataclass(slots=True)
+
+@dataclass
 class MessageRecord:
     """Everything the index knows of one message, apart from its payload and history."""
 
@@ -208,14 +215,36 @@ class MessageRecord:
 
     def copy(self) -> MessageRecord:
         """A deep-enough copy: the engine mutates the copy, never the original."""
-        new = dataclasses.replace(self)
-        new.members = {k: dataclasses.replace(m) for k, m in self.members.items()}
+        new = MessageRecord.__new__(MessageRecord)
+        new.__dict__.update(self.__dict__)
+        new.members = {k: m.copy() for k, m in self.members.items()}
         return new
 
+    def due_at(self) -> int | None:
+        """When time next makes something due on this message (a lease lapses, the time
+        limit passes for members not yet past GET, a browse lock lapses), or None."""
+        due: int | None = None
+        if self.lock_id is not None and self.lock_until is not None:
+            due = self.lock_until
+        waiting = self.publisher_state is PublisherState.PUT
+        for m in self.members.values():
+            if m.state in IN_DOUBT and m.lease_until is not None:
+                if due is None or m.lease_until < due:
+                    due = m.lease_until
+            elif m.state is None or m.state is SubscriberState.AVAILABLE:
+                waiting = True
+        if waiting and self.expires_at is not None and (due is None or self.expires_at < due):
+            due = self.expires_at
+        return due
 
-@dataclass(frozen=True, slots=True)
-class JournalEntry:
-    """One transition: appended for every state change, read by history and analytics."""
+
+class JournalEntry(NamedTuple):
+    """One transition: appended for every state change, read by history and analytics.
+
+    ``actor`` is whose state machine moved (the publisher or one subscriber); ``detail``
+    says why or by whom (a consumer, a lease expiry, a reason). ``seq`` is the journal's
+    sequence number, assigned by the store.
+    """
 
     msg_id: str
     queue: str

@@ -127,15 +127,32 @@ class Queue:
     def _now(self) -> int:
         return self.hub.now_us()
 
-    def _apply(self, msg_id: str, op: Callable[[MessageRecord], Change | None]) -> Change | None:
-        """Read, let the engine decide, commit with compare-and-set; retry on a lost race."""
+    def _apply(
+        self,
+        msg_id: str,
+        op: Callable[[MessageRecord], Change | None],
+        hint: MessageRecord | None = None,
+    ) -> Change | None:
+        """Read, let the engine decide, commit with compare-and-set; retry on a lost race.
+
+        ``hint`` is a record the caller already holds (a delivery's own last change): it
+        saves the read when nothing changed meanwhile; if it is stale, compare-and-set
+        fails or the engine refuses, and the decision is made again on a fresh read.
+        """
         store = self._store
         for _ in range(_CAS_ATTEMPTS):
             with store.atomic():
-                rec = store.load(msg_id)
-                if rec.queue != self.name:
-                    raise MessageNotFound(msg_id, self.name)
-                change = op(rec)
+                if hint is not None:
+                    rec, hint = hint, None
+                    try:
+                        change = op(rec)
+                    except IQError:
+                        continue
+                else:
+                    rec = store.load(msg_id)
+                    if rec.queue != self.name:
+                        raise MessageNotFound(msg_id, self.name)
+                    change = op(rec)
                 if change is None:
                     return None
                 try:
@@ -547,7 +564,9 @@ class Queue:
                 except StaleRecord:
                     continue
             member = change.record.members[subscriber]
-            return Delivery(self, env, subscriber, token, member.attempt, rec.max_attempts)
+            return Delivery(
+                self, env, subscriber, token, member.attempt, rec.max_attempts, change.record
+            )
         return None
 
     def _accept(
@@ -598,7 +617,9 @@ class Queue:
             if change.record.native_ref is None:
                 self._store.set_native_ref(rec.msg_id, received.native_ref)
             m = change.record.members[subscriber]
-            return Delivery(self, env, subscriber, token, m.attempt, rec.max_attempts)
+            return Delivery(
+                self, env, subscriber, token, m.attempt, rec.max_attempts, change.record
+            )
         if member.state in TERMINAL or member.state is SubscriberState.JOURNALLED:
             # Once-only: a redelivery of something this subscriber finished is acked, never
             # processed again.
@@ -634,15 +655,24 @@ class Queue:
         member = rec.members[subscriber]
         return member.pool or member.subscriber
 
-    def _process(self, msg_id: str, subscriber: str, token: str) -> None:
-        self._apply(msg_id, lambda r: engine.process(r, subscriber, token, self._now()))
+    def _process(
+        self, msg_id: str, subscriber: str, token: str, hint: MessageRecord | None = None
+    ) -> Change:
+        change = self._apply(
+            msg_id, lambda r: engine.process(r, subscriber, token, self._now()), hint
+        )
+        assert change is not None
+        return change
 
-    def _done(self, msg_id: str, subscriber: str, token: str | None) -> SubscriberState:
+    def _done(
+        self, msg_id: str, subscriber: str, token: str | None, hint: MessageRecord | None = None
+    ) -> Change:
         change = self._apply(
             msg_id,
             lambda r: engine.done(
                 r, subscriber, token, self._now(), auto_journal=self.auto_journal
             ),
+            hint,
         )
         assert change is not None
         rec = change.record
@@ -652,18 +682,22 @@ class Queue:
                     self.name, self._group_of(rec, subscriber), [rec.native_ref or ""]
                 )
             )
-        state = rec.members[subscriber].state
-        assert state is not None
-        return state
+        return change
 
     def _unusable(
-        self, msg_id: str, subscriber: str, token: str | None, reason: str
-    ) -> SubscriberState:
+        self,
+        msg_id: str,
+        subscriber: str,
+        token: str | None,
+        reason: str,
+        hint: MessageRecord | None = None,
+    ) -> Change:
         change = self._apply(
             msg_id,
             lambda r: engine.unusable(
                 r, subscriber, token, self._now(), reason, auto_journal=self.auto_journal
             ),
+            hint,
         )
         assert change is not None
         rec = change.record
@@ -673,27 +707,37 @@ class Queue:
                     self.name, self._group_of(rec, subscriber), rec.native_ref or "", reason
                 )
             )
-        state = rec.members[subscriber].state
-        assert state is not None
-        return state
+        return change
 
     def _release(
-        self, msg_id: str, subscriber: str, token: str | None, reason: str, delay: float
-    ) -> SubscriberState:
+        self,
+        msg_id: str,
+        subscriber: str,
+        token: str | None,
+        reason: str,
+        delay: float,
+        hint: MessageRecord | None = None,
+    ) -> Change:
         delay_us = int(max(delay, 0.0) * 1_000_000)
         change = self._apply(
             msg_id,
             lambda r: engine.release(
                 r, subscriber, token, self._now(), reason=reason, delay_us=delay_us
             ),
+            hint,
         )
         assert change is not None
         self.hub.notify()
-        state = change.record.members[subscriber].state
-        assert state is not None
-        return state
+        return change
 
-    def _renew(self, msg_id: str, subscriber: str, token: str, lease: float | None) -> None:
+    def _renew(
+        self,
+        msg_id: str,
+        subscriber: str,
+        token: str,
+        lease: float | None,
+        hint: MessageRecord | None = None,
+    ) -> Change:
         secs = _seconds(lease, "lease")
         secs = self.lease if secs is None else secs
 
@@ -701,7 +745,9 @@ class Queue:
             now = self._now()
             return engine.renew(r, subscriber, token, now, now + int(secs * 1_000_000))
 
-        self._apply(msg_id, op)
+        change = self._apply(msg_id, op, hint)
+        assert change is not None
+        return change
 
     def _broker_call(self, call: Callable[[], None]) -> None:
         # The index already holds the outcome; if the broker cannot be told now, its

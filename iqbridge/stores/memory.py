@@ -6,7 +6,6 @@ Records are copied in and out, so nobody can change stored state except through
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ from iqbridge.model import (
     from_micros,
     to_micros,
 )
-from iqbridge.states import IN_DOUBT, PublisherState, SubscriberState
+from iqbridge.states import PublisherState, SubscriberState
 from iqbridge.stores.base import PurgedMessage, StaleRecord
 
 __all__ = ["MemoryStore"]
@@ -103,7 +102,7 @@ class MemoryStore:
         self._records[rec.msg_id] = rec.copy()
         hist = self._history[rec.msg_id]
         for entry in change.journal:
-            stored = dataclasses.replace(entry, seq=len(self._journal) + 1)
+            stored = entry._replace(seq=len(self._journal) + 1)
             self._journal.append(stored)
             hist.append(stored)
 
@@ -244,17 +243,8 @@ class MemoryStore:
 
 
 def _is_due(rec: MessageRecord, now: int) -> bool:
-    if rec.lock_id is not None and rec.lock_until is not None and rec.lock_until <= now:
-        return True
-    ttl_passed = rec.expires_at is not None and rec.expires_at <= now
-    if ttl_passed and rec.publisher_state is PublisherState.PUT:
-        return True
-    for m in rec.members.values():
-        if m.state in IN_DOUBT and m.lease_until is not None and m.lease_until <= now:
-            return True
-        if ttl_passed and m.state in (None, _AVAILABLE):
-            return True
-    return False
+    due = rec.due_at()
+    return due is not None and due <= now
 
 
 def _matches(rec: MessageRecord, flt: Filter) -> bool:

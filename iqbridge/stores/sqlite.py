@@ -1,14 +1,32 @@
 """Embedded SQLite index store (the zero-server default).
 
 URL: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``; options as query
-parameters: ``synchronous`` (``normal``, the default, or ``full`` for durability against
-power loss; WAL mode either way) and ``busy_timeout`` in seconds (default 30).
+parameters: ``synchronous`` (``full``, the default: a put, get or done that returned
+survives power loss; or ``normal``: faster, survives a crash of the process but may lose
+the last commits on power loss; WAL mode either way) and ``busy_timeout`` in seconds
+(default 30).
 
-One file holds the index (messages, members, journal, subscriptions) and, with the
-``sqlite`` adapter, the queue rows too, so a put, a claim or a done is one transaction.
-Writers take the write lock up front (``BEGIN IMMEDIATE``): claims are serialised across
-threads and processes, which is what makes a pool's compare-and-set race-free.
-Each thread uses its own connection.
+One file holds the index and, with the ``sqlite`` adapter, the queue rows too, so a put,
+a claim or a done is one transaction. Writers take the write lock up front
+(``BEGIN IMMEDIATE``): claims are serialised across threads and processes, which is what
+makes a pool's compare-and-set race-free. Each thread uses its own connection.
+
+Layout, chosen so that each transition dirties few B-tree pages (every page a commit
+touches is written to the WAL, and that is what a commit costs):
+
+* ``iq_messages``: one row per message: index fields, publisher state, every member's
+  state as a compact JSON array, the journal sequence numbers of its history, and
+  ``next_due`` (when a lease, time limit or lock lapses; partially indexed).
+* ``iq_ready``: one row per member that is AVAILABLE: the claim index, in priority then
+  put order. Rows come and go with that one state.
+* ``iq_journal``: append-only, one row per committed change holding that change's
+  transitions (JSON), ordered by ``seq``; an entry's journal sequence number is
+  ``row seq * 65536 + its position`` (increasing, as the contract asks). A message's
+  history is read by the row seqs its message row lists, so the journal needs no
+  secondary index.
+
+Searches on ``msg_id`` and ``correlation_id`` use indexes; other filters scan the queue's
+rows (never payloads).
 """
 
 from __future__ import annotations
@@ -21,6 +39,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -42,7 +61,7 @@ from iqbridge.stores.base import PurgedMessage, StaleRecord
 
 __all__ = ["SqliteDatabase", "SqliteStore", "parse_sqlite_url"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS iq_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -51,7 +70,7 @@ CREATE TABLE IF NOT EXISTS iq_queues (
     subscriptions TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS iq_messages (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq INTEGER PRIMARY KEY,
     msg_id TEXT NOT NULL UNIQUE,
     queue TEXT NOT NULL,
     publisher TEXT NOT NULL,
@@ -67,92 +86,65 @@ CREATE TABLE IF NOT EXISTS iq_messages (
     expires_at INTEGER,
     max_attempts INTEGER NOT NULL,
     publisher_state TEXT,
-    withdrawn INTEGER NOT NULL DEFAULT 0,
+    withdrawn INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     lock_id TEXT,
     lock_owner TEXT,
     lock_until INTEGER,
-    version INTEGER NOT NULL
+    version INTEGER NOT NULL,
+    members TEXT NOT NULL,
+    journal TEXT NOT NULL,
+    next_due INTEGER
 );
-CREATE INDEX IF NOT EXISTS iq_messages_created ON iq_messages (queue, created_at);
 CREATE INDEX IF NOT EXISTS iq_messages_corr ON iq_messages (correlation_id)
     WHERE correlation_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS iq_messages_pub ON iq_messages (queue, publisher);
-CREATE INDEX IF NOT EXISTS iq_messages_prio ON iq_messages (queue, priority);
-CREATE INDEX IF NOT EXISTS iq_messages_journalled ON iq_messages (queue, updated_at)
-    WHERE publisher_state = 'JOURNALLED';
-CREATE INDEX IF NOT EXISTS iq_messages_ttl ON iq_messages (expires_at)
-    WHERE expires_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS iq_messages_lock ON iq_messages (lock_until)
-    WHERE lock_until IS NOT NULL;
-CREATE TABLE IF NOT EXISTS iq_members (
-    seq INTEGER NOT NULL,
-    subscriber TEXT NOT NULL,
+CREATE INDEX IF NOT EXISTS iq_messages_due ON iq_messages (next_due)
+    WHERE next_due IS NOT NULL;
+CREATE TABLE IF NOT EXISTS iq_ready (
     queue TEXT NOT NULL,
+    subscriber TEXT NOT NULL,
     priority INTEGER NOT NULL,
-    pool TEXT,
-    state TEXT,
-    outcome TEXT,
+    seq INTEGER NOT NULL,
     attempt INTEGER NOT NULL,
-    lease_token TEXT,
-    lease_owner TEXT,
-    lease_until INTEGER,
     not_before INTEGER,
-    reason TEXT,
-    updated_at INTEGER NOT NULL,
-    PRIMARY KEY (seq, subscriber)
+    PRIMARY KEY (queue, subscriber, priority DESC, seq)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS iq_members_avail ON iq_members (queue, subscriber, priority DESC, seq)
-    WHERE state = 'AVAILABLE';
-CREATE INDEX IF NOT EXISTS iq_members_lease ON iq_members (lease_until)
-    WHERE lease_until IS NOT NULL;
 CREATE TABLE IF NOT EXISTS iq_journal (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq INTEGER PRIMARY KEY,
     msg_id TEXT NOT NULL,
     queue TEXT NOT NULL,
-    actor TEXT NOT NULL,
-    actor_kind TEXT NOT NULL,
-    src TEXT,
-    dst TEXT NOT NULL,
-    at INTEGER NOT NULL,
-    attempt INTEGER NOT NULL,
-    detail TEXT
+    entries TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS iq_journal_msg ON iq_journal (msg_id);
 """
 
 _MSG_COLS = (
     "seq, msg_id, queue, publisher, ordering_key, correlation_id, priority, mode, parents, "
     "native_ref, content_type, size, created_at, expires_at, max_attempts, publisher_state, "
-    "withdrawn, updated_at, lock_id, lock_owner, lock_until, version"
-)
-_MEMBER_COLS = (
-    "subscriber, pool, state, outcome, attempt, lease_token, lease_owner, lease_until, "
-    "not_before, reason, updated_at"
+    "withdrawn, updated_at, lock_id, lock_owner, lock_until, version, members, journal"
 )
 _INSERT_MSG = (
     "INSERT INTO iq_messages (msg_id, queue, publisher, ordering_key, correlation_id, priority,"
     " mode, parents, native_ref, content_type, size, created_at, expires_at, max_attempts,"
-    " publisher_state, withdrawn, updated_at, lock_id, lock_owner, lock_until, version)"
-    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-)
-_INSERT_MEMBER = (
-    "INSERT INTO iq_members (seq, queue, priority, subscriber, pool, state, outcome, attempt,"
-    " lease_token, lease_owner, lease_until, not_before, reason, updated_at)"
-    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " publisher_state, withdrawn, updated_at, lock_id, lock_owner, lock_until, version,"
+    " members, journal, next_due) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _UPDATE_MSG = (
     "UPDATE iq_messages SET publisher_state=?, withdrawn=?, updated_at=?, lock_id=?,"
-    " lock_owner=?, lock_until=?, version=? WHERE seq=? AND version=?"
+    " lock_owner=?, lock_until=?, version=?, members=?, journal=journal || ?,"
+    " next_due=? WHERE seq=? AND version=?"
 )
-_UPDATE_MEMBER = (
-    "UPDATE iq_members SET state=?, outcome=?, attempt=?, lease_token=?, lease_owner=?,"
-    " lease_until=?, not_before=?, reason=?, updated_at=? WHERE seq=? AND subscriber=?"
+_INSERT_READY = (
+    "INSERT OR REPLACE INTO iq_ready (queue, subscriber, priority, seq, attempt, not_before)"
+    " VALUES (?,?,?,?,?,?)"
 )
-_INSERT_JOURNAL = (
-    "INSERT INTO iq_journal (msg_id, queue, actor, actor_kind, src, dst, at, attempt, detail)"
-    " VALUES (?,?,?,?,?,?,?,?,?)"
-)
+_DELETE_READY = "DELETE FROM iq_ready WHERE queue=? AND subscriber=? AND priority=? AND seq=?"
+_INSERT_JOURNAL = "INSERT INTO iq_journal (seq, msg_id, queue, entries) VALUES (?,?,?,?)"
+#: Journal entries of one change share a row; entry seq = row seq * _PER_ROW + position.
+_PER_ROW = 65536
+
+_SUB = {s.value: s for s in SubscriberState}
+_PUB = {s.value: s for s in PublisherState}
+_AVAILABLE = SubscriberState.AVAILABLE
 
 
 def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
@@ -178,7 +170,7 @@ def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
             f"unknown sqlite option(s) {sorted(unknown)} in {url!r}; known: synchronous, "
             f"busy_timeout"
         )
-    sync = opts.get("synchronous", "normal").lower()
+    sync = opts.get("synchronous", "full").lower()
     if sync not in ("normal", "full"):
         raise ConfigurationError(f"synchronous must be normal or full, not {sync!r}")
     return Path(raw), opts
@@ -187,7 +179,7 @@ def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
 class SqliteDatabase:
     """One SQLite file, a connection per thread, and transactions that nest."""
 
-    def __init__(self, path: Path, *, synchronous: str = "normal", busy_timeout: float = 30.0):
+    def __init__(self, path: Path, *, synchronous: str = "full", busy_timeout: float = 30.0):
         self.path = path
         self.synchronous = synchronous
         self.busy_timeout = busy_timeout
@@ -227,7 +219,7 @@ class SqliteDatabase:
             if db is None or db._closed:
                 db = cls(
                     path,
-                    synchronous=opts.get("synchronous", "normal").lower(),
+                    synchronous=opts.get("synchronous", "full").lower(),
                     busy_timeout=float(opts.get("busy_timeout", "30")),
                 )
                 cls._shared[key] = db
@@ -279,44 +271,13 @@ class SqliteDatabase:
                 self._all.add(holder)
         return holder.conn
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on this thread's connection; nests."""
-        conn = self.conn
-        depth: int = getattr(self._local, "depth", 0)
-        if depth:
-            # Nested: a savepoint, so a failed inner step leaves no half-written rows in
-            # the outer transaction.
-            name = f"iq_sp{depth}"
-            conn.execute(f"SAVEPOINT {name}")
-            self._local.depth = depth + 1
-            try:
-                yield conn
-            except BaseException:
-                conn.execute(f"ROLLBACK TO {name}")
-                conn.execute(f"RELEASE {name}")
-                raise
-            finally:
-                self._local.depth = depth
-            conn.execute(f"RELEASE {name}")
-            return
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from exc
-        self._local.depth = 1
-        try:
-            yield conn
-        except BaseException:
-            self._local.depth = 0
-            conn.execute("ROLLBACK")
-            raise
-        self._local.depth = 0
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            conn.execute("ROLLBACK")
-            raise _translate(exc, self.path) from exc
+    def transaction(self, *, savepoint: bool = True) -> _Transaction:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on this thread's connection.
+
+        Nested use joins the enclosing transaction, inside a savepoint unless
+        ``savepoint=False`` (for callers that fail before writing anything).
+        """
+        return _Transaction(self, savepoint)
 
     def close(self) -> None:
         """Close every thread's connection, once the last user of a shared one is done."""
@@ -344,6 +305,63 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+class _Transaction:
+    """The context manager behind :meth:`SqliteDatabase.transaction` (a class: it is on
+    every hot path, and a generator-based one costs more)."""
+
+    __slots__ = ("conn", "db", "name", "savepoint")
+
+    def __init__(self, db: SqliteDatabase, savepoint: bool) -> None:
+        self.db = db
+        self.savepoint = savepoint
+        self.name: str | None = None
+        self.conn: sqlite3.Connection | None = None
+
+    def __enter__(self) -> sqlite3.Connection:
+        db = self.db
+        conn = self.conn = db.conn
+        local = db._local
+        depth: int = getattr(local, "depth", 0)
+        if depth:
+            if self.savepoint:
+                self.name = f"iq_sp{depth}"
+                conn.execute(f"SAVEPOINT {self.name}")
+            local.depth = depth + 1
+            return conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _translate(exc, db.path) from exc
+        local.depth = 1
+        return conn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        local = self.db._local
+        depth: int = local.depth
+        local.depth = depth - 1
+        conn = self.conn
+        assert conn is not None
+        if depth > 1:
+            if self.name is not None:
+                if exc is not None:
+                    conn.execute(f"ROLLBACK TO {self.name}")
+                conn.execute(f"RELEASE {self.name}")
+            return
+        if exc is not None:
+            conn.execute("ROLLBACK")
+            return
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as err:
+            conn.execute("ROLLBACK")
+            raise _translate(err, self.db.path) from err
+
+
 class _Conn:
     __slots__ = ("__weakref__", "conn")
 
@@ -355,27 +373,49 @@ def _translate(exc: sqlite3.Error, path: Path) -> Exception:
     return IndexUnavailable(f"SQLite database {str(path)!r}: {exc}")
 
 
-def _member_row(rec: MessageRecord, m: Member) -> tuple[Any, ...]:
-    return (
-        m.state.value if m.state else None,
-        m.outcome.value if m.outcome else None,
-        m.attempt,
-        m.lease_token,
-        m.lease_owner,
-        m.lease_until,
-        m.not_before,
-        m.reason,
-        m.updated_at,
-        rec.seq,
-        m.subscriber,
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _members_json(rec: MessageRecord) -> str:
+    return _encode(
+        [
+            [
+                m.subscriber,
+                m.pool,
+                m.state,
+                m.outcome,
+                m.attempt,
+                m.lease_token,
+                m.lease_owner,
+                m.lease_until,
+                m.not_before,
+                m.reason,
+                m.updated_at,
+            ]
+            for m in rec.members.values()
+        ]
     )
 
 
-def _journal_rows(journal: Sequence[JournalEntry]) -> list[tuple[Any, ...]]:
-    return [
-        (e.msg_id, e.queue, e.actor, e.actor_kind.value, e.src, e.dst, e.at, e.attempt, e.detail)
-        for e in journal
-    ]
+def _members(text: str) -> dict[str, Member]:
+    out: dict[str, Member] = {}
+    for r in json.loads(text):
+        m = Member.__new__(Member)
+        m.__dict__.update(
+            subscriber=r[0],
+            pool=r[1],
+            state=_SUB[r[2]] if r[2] else None,
+            outcome=_SUB[r[3]] if r[3] else None,
+            attempt=r[4],
+            lease_token=r[5],
+            lease_owner=r[6],
+            lease_until=r[7],
+            not_before=r[8],
+            reason=r[9],
+            updated_at=r[10],
+        )
+        out[r[0]] = m
+    return out
 
 
 class SqliteStore:
@@ -390,7 +430,7 @@ class SqliteStore:
         """Open the store a ``sqlite:///`` URL names."""
         return cls(SqliteDatabase.shared(url))
 
-    def atomic(self) -> Any:
+    def atomic(self) -> _Transaction:
         """One write transaction for everything inside."""
         return self.db.transaction()
 
@@ -401,19 +441,50 @@ class SqliteStore:
     def commit_many(self, changes: Sequence[Change]) -> None:
         """Persist several changes in one transaction, all or none."""
         try:
-            with self.db.transaction() as conn:
-                journal: list[JournalEntry] = []
+            # A lone change fails (StaleRecord) before it writes anything, so it needs no
+            # savepoint inside an enclosing transaction; several changes do.
+            with self.db.transaction(savepoint=len(changes) > 1) as conn:
+                row = conn.execute("SELECT max(seq) FROM iq_journal").fetchone()
+                next_seq = (row[0] or 0) + 1
+                journal: list[tuple[Any, ...]] = []
+                ready_add: list[tuple[Any, ...]] = []
+                ready_del: list[tuple[Any, ...]] = []
                 for change in changes:
-                    self._write(conn, change)
-                    journal.extend(change.journal)
-                conn.executemany(_INSERT_JOURNAL, _journal_rows(journal))
+                    entries = change.journal
+                    seqs = []
+                    for i in range(0, max(len(entries), 1), _PER_ROW - 1):
+                        part = entries[i : i + _PER_ROW - 1]
+                        if not part:
+                            break
+                        journal.append(
+                            (next_seq, change.msg_id, change.record.queue, _entries_json(part))
+                        )
+                        seqs.append(str(next_seq))
+                        next_seq += 1
+                    self._write(conn, change, ",".join(seqs), ready_add, ready_del)
+                if ready_del:
+                    conn.executemany(_DELETE_READY, ready_del)
+                if ready_add:
+                    conn.executemany(_INSERT_READY, ready_add)
+                if len(journal) == 1:
+                    conn.execute(_INSERT_JOURNAL, journal[0])
+                elif journal:
+                    conn.executemany(_INSERT_JOURNAL, journal)
         except sqlite3.IntegrityError as exc:
             raise StaleRecord(changes[0].msg_id if changes else "?") from exc
         except sqlite3.Error as exc:
             raise _translate(exc, self.db.path) from exc
 
-    def _write(self, conn: sqlite3.Connection, change: Change) -> None:
+    def _write(
+        self,
+        conn: sqlite3.Connection,
+        change: Change,
+        seqs: str,
+        ready_add: list[tuple[Any, ...]],
+        ready_del: list[tuple[Any, ...]],
+    ) -> None:
         rec = change.record
+        members = _members_json(rec)
         if change.created:
             cur = conn.execute(
                 _INSERT_MSG,
@@ -424,83 +495,76 @@ class SqliteStore:
                     rec.ordering_key,
                     rec.correlation_id,
                     rec.priority,
-                    rec.mode.value,
-                    json.dumps(list(rec.parents)) if rec.parents else None,
+                    rec.mode,
+                    json.dumps(rec.parents) if rec.parents else None,
                     rec.native_ref,
                     rec.content_type,
                     rec.size,
                     rec.created_at,
                     rec.expires_at,
                     rec.max_attempts,
-                    rec.publisher_state.value if rec.publisher_state else None,
+                    rec.publisher_state,
                     int(rec.withdrawn),
                     rec.updated_at,
                     rec.lock_id,
                     rec.lock_owner,
                     rec.lock_until,
                     rec.version,
+                    members,
+                    seqs,
+                    rec.due_at(),
                 ),
             )
             rec.seq = cur.lastrowid
-            conn.executemany(
-                _INSERT_MEMBER,
-                [
-                    (
-                        rec.seq,
-                        rec.queue,
-                        rec.priority,
-                        m.subscriber,
-                        m.pool,
-                        m.state.value if m.state else None,
-                        m.outcome.value if m.outcome else None,
-                        m.attempt,
-                        m.lease_token,
-                        m.lease_owner,
-                        m.lease_until,
-                        m.not_before,
-                        m.reason,
-                        m.updated_at,
+            for m in rec.members.values():
+                if m.state is _AVAILABLE:
+                    ready_add.append(
+                        (rec.queue, m.subscriber, rec.priority, rec.seq, m.attempt, m.not_before)
                     )
-                    for m in rec.members.values()
-                ],
-            )
             return
         cur = conn.execute(
             _UPDATE_MSG,
             (
-                rec.publisher_state.value if rec.publisher_state else None,
+                rec.publisher_state,
                 int(rec.withdrawn),
                 rec.updated_at,
                 rec.lock_id,
                 rec.lock_owner,
                 rec.lock_until,
                 rec.version,
+                members,
+                "," + seqs if seqs else "",
+                rec.due_at(),
                 rec.seq,
                 change.expected_version,
             ),
         )
         if cur.rowcount != 1:
             raise StaleRecord(rec.msg_id)
-        if change.dirty:
-            conn.executemany(
-                _UPDATE_MEMBER, [_member_row(rec, rec.members[s]) for s in change.dirty]
-            )
+        # The ready table mirrors exactly the members that are AVAILABLE now.
+        left: set[str] = set()
+        for e in change.journal:
+            if e.src == "AVAILABLE" and e.actor_kind is ActorKind.SUBSCRIBER:
+                left.add(e.actor)
+        for name in change.dirty:
+            m = rec.members[name]
+            key = (rec.queue, name, rec.priority, rec.seq)
+            if m.state is _AVAILABLE:
+                ready_add.append((*key, m.attempt, m.not_before))
+            elif name in left:
+                ready_del.append(key)
 
     def load(self, msg_id: str) -> MessageRecord:
         """The current record of a message."""
-        conn = self.db.conn
         try:
-            row = conn.execute(
+            row = self.db.conn.execute(
                 f"SELECT {_MSG_COLS} FROM iq_messages WHERE msg_id=?", (msg_id,)
             ).fetchone()
-            if row is None:
-                raise MessageNotFound(msg_id)
-            members = conn.execute(
-                f"SELECT {_MEMBER_COLS} FROM iq_members WHERE seq=?", (row[0],)
-            ).fetchall()
         except sqlite3.Error as exc:
             raise _translate(exc, self.db.path) from exc
-        return _record(row, members)
+        if row is None:
+            raise MessageNotFound(msg_id)
+        return _record(row)
 
     def set_native_ref(self, msg_id: str, native_ref: str) -> None:
         """Record where the payload lives."""
@@ -533,13 +597,13 @@ class SqliteStore:
             lock_sql = "m.lock_id = ? AND (m.lock_until IS NULL OR m.lock_until > ?)"
             args = [lock_id, now]
         sql = (
-            "SELECT m.msg_id FROM iq_members b JOIN iq_messages m ON m.seq = b.seq"
-            " WHERE b.queue=? AND b.subscriber=? AND b.state='AVAILABLE'"
-            " AND (b.not_before IS NULL OR b.not_before <= ?)"
+            "SELECT m.msg_id FROM iq_ready r JOIN iq_messages m ON m.seq = r.seq"
+            " WHERE r.queue=? AND r.subscriber=?"
+            " AND (r.not_before IS NULL OR r.not_before <= ?)"
             " AND (m.expires_at IS NULL OR m.expires_at > ?)"
             f" AND {lock_sql}"
-            + (" AND b.attempt >= ?" if min_attempt > 1 else "")
-            + " ORDER BY b.priority DESC, b.seq LIMIT ?"
+            + (" AND r.attempt >= ?" if min_attempt > 1 else "")
+            + " ORDER BY r.priority DESC, r.seq LIMIT ?"
         )
         params: list[Any] = [queue, subscriber, now, now, *args]
         if min_attempt > 1:
@@ -552,107 +616,102 @@ class SqliteStore:
 
     def due(self, queue: str | None, now: int, limit: int) -> list[str]:
         """Ids with a lapsed lease, time limit or browse lock."""
-        qsql = " AND m.queue = ?" if queue else ""
-        qarg = [queue] if queue else []
-        sql = (
-            "SELECT m.msg_id FROM iq_members b JOIN iq_messages m ON m.seq = b.seq"
-            f" WHERE b.lease_until IS NOT NULL AND b.lease_until <= ?{qsql}"
-            " UNION SELECT m.msg_id FROM iq_messages m"
-            f" WHERE m.expires_at IS NOT NULL AND m.expires_at <= ?{qsql}"
-            " AND (m.publisher_state = 'PUT' OR EXISTS (SELECT 1 FROM iq_members b"
-            "  WHERE b.seq = m.seq AND (b.state IS NULL OR b.state = 'AVAILABLE')))"
-            " UNION SELECT m.msg_id FROM iq_messages m"
-            f" WHERE m.lock_until IS NOT NULL AND m.lock_until <= ?{qsql}"
-            " LIMIT ?"
-        )
-        params = [now, *qarg, now, *qarg, now, *qarg, limit]
+        sql = "SELECT msg_id FROM iq_messages WHERE next_due IS NOT NULL AND next_due <= ?"
+        params: list[Any] = [now]
+        if queue:
+            sql += " AND queue = ?"
+            params.append(queue)
+        params.append(limit)
         try:
-            return [r[0] for r in self.db.conn.execute(sql, params)]
+            return [r[0] for r in self.db.conn.execute(sql + " LIMIT ?", params)]
         except sqlite3.Error as exc:
             raise _translate(exc, self.db.path) from exc
 
     def history(self, msg_id: str) -> list[JournalEntry]:
-        """Every journal entry of one message."""
-        rows = self.db.conn.execute(
-            "SELECT seq, msg_id, queue, actor, actor_kind, src, dst, at, attempt, detail"
-            " FROM iq_journal WHERE msg_id=? ORDER BY seq",
-            (msg_id,),
-        ).fetchall()
-        if not rows:
+        """Every journal entry of one message, in order."""
+        conn = self.db.conn
+        row = conn.execute("SELECT journal FROM iq_messages WHERE msg_id=?", (msg_id,)).fetchone()
+        if row is None:
             raise MessageNotFound(msg_id)
-        return [_entry(r) for r in rows]
+        seqs = sorted(int(x) for x in row[0].split(",") if x)
+        out: list[JournalEntry] = []
+        for i in range(0, len(seqs), 500):
+            chunk = seqs[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = conn.execute(
+                f"SELECT seq, msg_id, queue, entries FROM iq_journal WHERE seq IN ({marks})"
+                " ORDER BY seq",
+                chunk,
+            )
+            for r in rows:
+                out.extend(_unpack(r))
+        return out
 
     def search(self, queue: str, flt: Filter) -> list[MessageSummary]:
         """Filter on index fields only; never touches payloads."""
-        where = ["m.queue = ?"]
+        where = ["queue = ?"]
         args: list[Any] = [queue]
-        if flt.msg_id is not None:
-            where.append("m.msg_id = ?")
-            args.append(flt.msg_id)
-        if flt.correlation_id is not None:
-            where.append("m.correlation_id = ?")
-            args.append(flt.correlation_id)
-        if flt.publisher is not None:
-            where.append("m.publisher = ?")
-            args.append(flt.publisher)
+        for column, value in (
+            ("msg_id", flt.msg_id),
+            ("correlation_id", flt.correlation_id),
+            ("publisher", flt.publisher),
+            ("lock_id", flt.lock_id),
+        ):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
         if flt.priority is not None:
             lo, hi = (
                 flt.priority if isinstance(flt.priority, tuple) else (flt.priority, flt.priority)
             )
-            where.append("m.priority BETWEEN ? AND ?")
+            where.append("priority BETWEEN ? AND ?")
             args.extend((lo, hi))
-        if flt.lock_id is not None:
-            where.append("m.lock_id = ?")
-            args.append(flt.lock_id)
         if flt.since is not None:
-            where.append("m.created_at >= ?")
+            where.append("created_at >= ?")
             args.append(to_micros(flt.since))
         if flt.until is not None:
-            where.append("m.created_at < ?")
+            where.append("created_at < ?")
             args.append(to_micros(flt.until))
         if isinstance(flt.state, PublisherState):
-            where.append("m.publisher_state = ?")
+            where.append("publisher_state = ?")
             args.append(flt.state.value)
+        member_state = flt.state if isinstance(flt.state, SubscriberState) else None
+        if flt.subscriber is not None or member_state is not None:
+            # Members are a JSON array of [subscriber, pool, state, ...] rows.
+            conds = []
             if flt.subscriber is not None:
-                where.append(
-                    "EXISTS (SELECT 1 FROM iq_members b WHERE b.seq=m.seq AND b.subscriber=?)"
-                )
+                conds.append("json_extract(j.value, '$[0]') = ?")
                 args.append(flt.subscriber)
-        elif isinstance(flt.state, SubscriberState) or flt.subscriber is not None:
-            sub_where = ["b.seq = m.seq"]
-            if flt.subscriber is not None:
-                sub_where.append("b.subscriber = ?")
-                args.append(flt.subscriber)
-            if isinstance(flt.state, SubscriberState):
-                sub_where.append("b.state = ?")
-                args.append(flt.state.value)
-            where.append(f"EXISTS (SELECT 1 FROM iq_members b WHERE {' AND '.join(sub_where)})")
+            if member_state is not None:
+                conds.append("json_extract(j.value, '$[2]') = ?")
+                args.append(member_state.value)
+            where.append(f"EXISTS (SELECT 1 FROM json_each(members) j WHERE {' AND '.join(conds)})")
         sql = (
-            f"SELECT {_MSG_COLS} FROM iq_messages m WHERE {' AND '.join(where)}"
-            " ORDER BY m.seq LIMIT ?"
+            f"SELECT {_MSG_COLS} FROM iq_messages WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
         )
         args.append(flt.limit)
-        conn = self.db.conn
         try:
-            rows = conn.execute(sql, args).fetchall()
-            out: list[MessageSummary] = []
-            for row in rows:
-                members = conn.execute(
-                    "SELECT subscriber, state FROM iq_members WHERE seq=?", (row[0],)
-                ).fetchall()
-                out.append(_summary(row, members))
-            return out
+            return [_summary(_record(row)) for row in self.db.conn.execute(sql, args)]
         except sqlite3.Error as exc:
             raise _translate(exc, self.db.path) from exc
 
     def journal(self, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
-        """Journal entries after a sequence number, oldest first."""
-        rows = self.db.conn.execute(
-            "SELECT seq, msg_id, queue, actor, actor_kind, src, dst, at, attempt, detail"
-            " FROM iq_journal WHERE seq > ? ORDER BY seq LIMIT ?",
-            (after, limit),
-        ).fetchall()
-        return [_entry(r) for r in rows]
+        """Journal entries with seq greater than ``after``, oldest first."""
+        out: list[JournalEntry] = []
+        row_seq = after // _PER_ROW
+        conn = self.db.conn
+        while len(out) < limit:
+            rows = conn.execute(
+                "SELECT seq, msg_id, queue, entries FROM iq_journal WHERE seq >= ?"
+                " ORDER BY seq LIMIT ?",
+                (row_seq, max(limit // 2, 16)),
+            ).fetchall()
+            if not rows:
+                break
+            for r in rows:
+                out.extend(e for e in _unpack(r) if (e.seq or 0) > after)
+            row_seq = rows[-1][0] + 1
+        return out[:limit]
 
     def purge(self, queue: str, before: int, limit: int = 1000) -> list[PurgedMessage]:
         """Delete journalled messages last changed before ``before``; keep the journal."""
@@ -662,9 +721,7 @@ class SqliteStore:
                 " AND publisher_state='JOURNALLED' AND updated_at < ? ORDER BY seq LIMIT ?",
                 (queue, before, limit),
             ).fetchall()
-            seqs = [(r[0],) for r in rows]
-            conn.executemany("DELETE FROM iq_members WHERE seq=?", seqs)
-            conn.executemany("DELETE FROM iq_messages WHERE seq=?", seqs)
+            conn.executemany("DELETE FROM iq_messages WHERE seq=?", [(r[0],) for r in rows])
         return [PurgedMessage(r[1], r[2]) for r in rows]
 
     def declare_queue(self, queue: str) -> None:
@@ -721,8 +778,9 @@ def subscriptions_from_json(text: str) -> Subscriptions:
     )
 
 
-def _record(row: Sequence[Any], members: Sequence[Sequence[Any]]) -> MessageRecord:
-    rec = MessageRecord(
+def _record(row: Sequence[Any]) -> MessageRecord:
+    rec = MessageRecord.__new__(MessageRecord)
+    rec.__dict__.update(
         seq=row[0],
         msg_id=row[1],
         queue=row[2],
@@ -738,56 +796,46 @@ def _record(row: Sequence[Any], members: Sequence[Sequence[Any]]) -> MessageReco
         created_at=row[12],
         expires_at=row[13],
         max_attempts=row[14],
-        publisher_state=PublisherState(row[15]) if row[15] else None,
+        publisher_state=_PUB[row[15]] if row[15] else None,
         withdrawn=bool(row[16]),
         updated_at=row[17],
         lock_id=row[18],
         lock_owner=row[19],
         lock_until=row[20],
         version=row[21],
+        members=_members(row[22]),
     )
-    for m in members:
-        rec.members[m[0]] = Member(
-            subscriber=m[0],
-            pool=m[1],
-            state=SubscriberState(m[2]) if m[2] else None,
-            outcome=SubscriberState(m[3]) if m[3] else None,
-            attempt=m[4],
-            lease_token=m[5],
-            lease_owner=m[6],
-            lease_until=m[7],
-            not_before=m[8],
-            reason=m[9],
-            updated_at=m[10],
-        )
     return rec
 
 
-def _summary(row: Sequence[Any], members: Sequence[Sequence[Any]]) -> MessageSummary:
+def _summary(rec: MessageRecord) -> MessageSummary:
     return MessageSummary(
-        msg_id=row[1],
-        queue=row[2],
-        publisher=row[3],
-        correlation_id=row[5],
-        priority=row[6],
-        mode=Mode(row[7]),
-        publisher_state=PublisherState(row[15]) if row[15] else None,
-        created_at=from_micros(row[12]),
-        subscribers={m[0]: SubscriberState(m[1]) if m[1] else None for m in members},
-        parents=tuple(json.loads(row[8])) if row[8] else (),
+        msg_id=rec.msg_id,
+        queue=rec.queue,
+        publisher=rec.publisher,
+        correlation_id=rec.correlation_id,
+        priority=rec.priority,
+        mode=rec.mode,
+        publisher_state=rec.publisher_state,
+        created_at=from_micros(rec.created_at),
+        subscribers={k: m.state for k, m in rec.members.items()},
+        parents=rec.parents,
     )
 
 
-def _entry(r: Sequence[Any]) -> JournalEntry:
-    return JournalEntry(
-        seq=r[0],
-        msg_id=r[1],
-        queue=r[2],
-        actor=r[3],
-        actor_kind=ActorKind(r[4]),
-        src=r[5],
-        dst=r[6],
-        at=r[7],
-        attempt=r[8],
-        detail=r[9],
+def _entries_json(entries: Sequence[JournalEntry]) -> str:
+    return _encode(
+        [[e.actor, e.actor_kind, e.src, e.dst, e.at, e.attempt, e.detail] for e in entries]
     )
+
+
+_KIND = {k.value: k for k in ActorKind}
+
+
+def _unpack(row: Sequence[Any]) -> list[JournalEntry]:
+    base = row[0] * _PER_ROW
+    msg_id, queue = row[1], row[2]
+    return [
+        JournalEntry(msg_id, queue, e[0], _KIND[e[1]], e[2], e[3], e[4], e[5], e[6], base + i)
+        for i, e in enumerate(json.loads(row[3]))
+    ]
