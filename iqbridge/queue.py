@@ -497,8 +497,16 @@ class Queue:
         owner = f"{subscriber}@{self.hub.client_id}"
         lease_until = now + int(lease_s * 1_000_000) if lease_s is not None else None
         if not self._native or lock_id is not None:
-            ids = self._store.claimable(self.name, subscriber, now, _CLAIM_BATCH, lock_id)
-            return self._claim_by_index(subscriber, ids, now, owner, lease_until, lock_id)
+            # Candidates are read outside the claim's transaction, so other consumers can
+            # take every one of them first: only an empty list means there is nothing.
+            for _ in range(_CAS_ATTEMPTS):
+                ids = self._store.claimable(self.name, subscriber, now, _CLAIM_BATCH, lock_id)
+                if not ids:
+                    return None
+                delivery = self._claim_by_index(subscriber, ids, now, owner, lease_until, lock_id)
+                if delivery is not None:
+                    return delivery
+            return None
         ids = self._store.redeliverable(self.name, subscriber, now, _CLAIM_BATCH)
         if ids:
             delivery = self._claim_by_index(subscriber, ids, now, owner, lease_until, None)
@@ -528,15 +536,19 @@ class Queue:
         for msg_id in ids:
             token = new_token()
             with store.atomic():
+                # Waiting for another process's write lock can take a while: the claim
+                # happens once we hold the transaction, so stamp it and start its lease then.
+                at = max(now, self._now())
+                until = lease_until + (at - now) if lease_until is not None else None
                 try:
                     rec = store.load(msg_id)
                     change = engine.claim(
                         rec,
                         subscriber,
-                        now,
+                        at,
                         token=token,
                         owner=owner,
-                        lease_until=lease_until,
+                        lease_until=until,
                         lock_id=lock_id,
                     )
                 except (IllegalTransition, LockedError, MessageNotFound):
@@ -546,11 +558,11 @@ class Queue:
                     # The broker lost the payload: unusable for this member, and say why.
                     bad = engine.chain(
                         change,
-                        lambda r, token=token: engine.unusable(  # type: ignore[misc]
+                        lambda r, token=token, at=at: engine.unusable(  # type: ignore[misc]
                             r,
                             subscriber,
                             token,
-                            now,
+                            at,
                             "payload missing on the broker",
                             auto_journal=self.auto_journal,
                         ),
