@@ -1,6 +1,5 @@
-"""The ``iq`` command line."""
+"""The ``iq`` command line: ``iq demo`` runs the main job; ``iq --help`` lists the rest."""
 
+from iqbridge.cli.app import app, main
 
-def main() -> None:
-    """Entry point placeholder replaced by the CLI module."""
-    raise SystemExit("iq CLI not built yet")
+__all__ = ["app", "main"]

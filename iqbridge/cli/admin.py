@@ -1,0 +1,72 @@
+"""Queue administration: subscribe, queues, recover."""
+
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from iqbridge.cli.context import open_hub, open_queue, settings
+from iqbridge.cli.parsing import parse_pool
+from iqbridge.model import Subscriptions
+
+__all__ = ["queues", "recover", "subscribe"]
+
+
+def _audience(subs: Subscriptions) -> str:
+    parts = list(subs.subscribers)
+    parts.extend(f"{p.name}{{{','.join(p.members)}}}" for p in subs.pools)
+    return ", ".join(parts) or "(none)"
+
+
+def subscribe(
+    ctx: typer.Context,
+    queue: Annotated[str, typer.Argument(help="Queue name (created if new).")],
+    names: Annotated[
+        list[str] | None, typer.Argument(metavar="NAME...", help="Subscribers to add.")
+    ] = None,
+    pool: Annotated[
+        list[str] | None,
+        typer.Option("--pool", help="Declare a pool NAME=a,b,c (one member gets each)."),
+    ] = None,
+) -> None:
+    """Add standing subscribers or pools: puts without --to/--pool go to them."""
+    pools = [parse_pool(p) for p in pool or []]
+    if not names and not pools:
+        raise typer.BadParameter("name at least one subscriber or --pool NAME=a,b,c")
+    for p in pools:
+        if not p.members:
+            raise typer.BadParameter(
+                f"pool {p.name!r} needs members: NAME=a,b,c", param_hint="--pool"
+            )
+    with open_hub(ctx) as hub:
+        q = open_queue(hub, queue, create=True)
+        if names:
+            q.subscribe(*names)
+        for p in pools:
+            q.subscribe_pool(p.name, p.members)
+        subs = q.subscriptions()
+    settings(ctx).out.print(f"{escape(queue)}: {escape(_audience(subs))}", soft_wrap=True)
+
+
+def queues(ctx: typer.Context) -> None:
+    """Every queue the index knows, with its standing subscribers and pools."""
+    cfg = settings(ctx)
+    with open_hub(ctx, create=False) as hub:
+        table = Table(title=f"queues on {escape(cfg.safe_url)}", box=box.SIMPLE_HEAD)
+        table.add_column("queue", no_wrap=True)
+        table.add_column("subscribers and pools")
+        for name in hub.queues():
+            table.add_row(escape(name), escape(_audience(hub.queue(name).subscriptions())))
+    cfg.out.print(table)
+
+
+def recover(
+    ctx: typer.Context,
+    queue: Annotated[str | None, typer.Argument(help="One queue (default: all).")] = None,
+) -> None:
+    """Apply lapsed leases, time limits and locks now (in-doubt messages back to AVAILABLE)."""
+    with open_hub(ctx, create=False) as hub:
+        count = open_queue(hub, queue).recover() if queue else hub.recover()
+    settings(ctx).out.print(f"recovered {count} message(s)")
