@@ -411,7 +411,12 @@ class Worker:
                     self._give_back(item)
         except BaseException:
             # Leave nothing stranded behind a key nobody will serve: give it back in order.
+            # Abandon in the same critical section that frees the key, so a thread whose
+            # get() returns meanwhile gives its message back instead of starting it ahead
+            # of the ones handed back here.
             with self._changed:
+                self._stopping.set()
+                self._abandon.set()
                 rest = [current] if current is not None else []
                 if owned:
                     rest.extend(self._keys.pop(key, ()))

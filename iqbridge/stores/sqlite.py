@@ -188,6 +188,9 @@ class SqliteDatabase:
         self._all_lock = threading.Lock()
         self._closed = False
         self._users = 0
+        # Writers of this process queue here rather than in SQLite's busy handler, which
+        # sleeps in millisecond steps; other processes still meet at the file lock.
+        self._write_lock = threading.Lock()
         if not path.parent.exists():
             raise IndexUnavailable(
                 f"cannot open SQLite database {str(path)!r}: directory "
@@ -298,6 +301,7 @@ def _forget_after_fork() -> None:
     for db in list(SqliteDatabase._shared.values()):
         db._local = threading.local()
         db._all = weakref.WeakSet()
+        db._write_lock = threading.Lock()
     SqliteDatabase._shared = weakref.WeakValueDictionary()
     SqliteDatabase._shared_lock = threading.Lock()
 
@@ -328,9 +332,11 @@ class _Transaction:
                 conn.execute(f"SAVEPOINT {self.name}")
             local.depth = depth + 1
             return conn
+        db._write_lock.acquire()
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
+            db._write_lock.release()
             raise _translate(exc, db.path) from exc
         local.depth = 1
         return conn
@@ -352,14 +358,17 @@ class _Transaction:
                     conn.execute(f"ROLLBACK TO {self.name}")
                 conn.execute(f"RELEASE {self.name}")
             return
-        if exc is not None:
-            conn.execute("ROLLBACK")
-            return
         try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as err:
-            conn.execute("ROLLBACK")
-            raise _translate(err, self.db.path) from err
+            if exc is not None:
+                conn.execute("ROLLBACK")
+                return
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as err:
+                conn.execute("ROLLBACK")
+                raise _translate(err, self.db.path) from err
+        finally:
+            self.db._write_lock.release()
 
 
 class _Conn:
