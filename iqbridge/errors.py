@@ -66,8 +66,7 @@ class UnknownSchemeError(ConfigurationError):
         self.scheme = scheme
         self.known = known
         text = f"unknown URL scheme {scheme!r}"
-        if hint:
-            text += f"; did you mean {hint!r}?"
+        text += f"; did you mean {hint!r}?" if hint else "."
         text += f" Known schemes: {', '.join(sorted(known))}."
         super().__init__(text)
 
