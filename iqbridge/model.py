@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from iqbridge.errors import AudienceError
+from iqbridge.errors import AudienceError, InvalidArgument
 from iqbridge.states import (
     IN_DOUBT,
     ActorKind,
@@ -310,6 +310,15 @@ class Filter:
     until: datetime | None = None
     lock_id: str | None = None
     limit: int = 100
+
+    def __post_init__(self) -> None:
+        # A plain string would match neither enum and silently filter on nothing
+        # ("JOURNALLED" names a publisher and a subscriber state alike).
+        if self.state is not None and not isinstance(self.state, PublisherState | SubscriberState):
+            raise InvalidArgument(
+                f"state must be a PublisherState or SubscriberState member, not "
+                f"{self.state!r}; e.g. SubscriberState.DONE or PublisherState.JOURNALLED"
+            )
 
 
 @dataclass(frozen=True, slots=True)
