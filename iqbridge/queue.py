@@ -7,6 +7,7 @@ committed to the index store with compare-and-set; the adapter only moves payloa
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -63,6 +64,7 @@ log = logging.getLogger("iqbridge")
 _CAS_ATTEMPTS = 50
 _CLAIM_BATCH = 4
 _SUBS_TTL = 1.0
+_RECEIVE_SKIPS = 100
 
 AudienceSpec = str | Pool | Iterable[str | Pool]
 
@@ -415,7 +417,9 @@ class Queue:
 
     def confirm_put(self, msg_id: str) -> None:
         """Reveal a put made with ``confirm=True``: PUT -> REVEALED."""
-        self._apply(msg_id, lambda r: engine.reveal(r, self._now()))
+        change = self._apply(msg_id, lambda r: engine.reveal(r, self._now()))
+        if change is not None:
+            self._wake(change.record)
         self.hub.notify()
 
     def reveal(self, msg_id: str, to: str | None = None) -> None:
@@ -515,12 +519,18 @@ class Queue:
         min_idle = lease_s if lease_s is not None else self.lease
         for group in self._subscriptions().groups_for(subscriber):
             self._declare_groups([group])
-            for received in self._adapter.receive(
-                self.name, group, subscriber, count=1, timeout=0.0, min_idle=min_idle
-            ):
-                delivery = self._accept(received, subscriber, now, owner, lease_until)
-                if delivery is not None:
-                    return delivery
+            # A group also carries entries this subscriber must skip (addressed to others,
+            # finished, hidden): read on past them, so a message behind them is found now.
+            for _ in range(_RECEIVE_SKIPS):
+                batch = self._adapter.receive(
+                    self.name, group, subscriber, count=1, timeout=0.0, min_idle=min_idle
+                )
+                if not batch:
+                    break
+                for received in batch:
+                    delivery = self._accept(received, subscriber, now, owner, lease_until)
+                    if delivery is not None:
+                        return delivery
         return None
 
     def _claim_by_index(
@@ -555,9 +565,20 @@ class Queue:
                     continue
                 env = self._adapter.read(self.name, rec.native_ref) if rec.native_ref else None
                 if env is None:
-                    # The broker lost the payload: unusable for this member, and say why.
+                    # The broker lost the payload: GET (never FETCHED), then unusable for
+                    # this member, and say why.
+                    got = engine.claim(
+                        rec,
+                        subscriber,
+                        now,
+                        token=token,
+                        owner=owner,
+                        lease_until=lease_until,
+                        lock_id=lock_id,
+                        fetched=False,
+                    )
                     bad = engine.chain(
-                        change,
+                        got,
                         lambda r, token=token, at=at: engine.unusable(  # type: ignore[misc]
                             r,
                             subscriber,
@@ -575,6 +596,8 @@ class Queue:
                     store.commit(change)
                 except StaleRecord:
                     continue
+            if lock_id is not None:
+                self._wake(change.record)  # the lock is gone for the other members too
             member = change.record.members[subscriber]
             return Delivery(
                 self, env, subscriber, token, member.attempt, rec.max_attempts, change.record
@@ -761,6 +784,24 @@ class Queue:
         assert change is not None
         return change
 
+    def _wake(self, rec: MessageRecord) -> None:
+        """Requeue on the broker what it handed out while the index hid the message.
+
+        A native-group broker keeps an entry the facade declined (put awaiting confirm,
+        browse-locked) pending with the consumer that read it and never hands it to that
+        consumer again; once members are AVAILABLE, their groups must see it again.
+        """
+        ref = rec.native_ref
+        if not self._native or ref is None:
+            return
+        groups = {
+            m.pool or m.subscriber
+            for m in rec.members.values()
+            if m.state is SubscriberState.AVAILABLE
+        }
+        for group in sorted(groups):
+            self._broker_call(functools.partial(self._adapter.requeue, self.name, group, ref))
+
     def _broker_call(self, call: Callable[[], None]) -> None:
         # The index already holds the outcome; if the broker cannot be told now, its
         # redelivery is recognised later (once-only) and acknowledged then.
@@ -890,9 +931,11 @@ class Queue:
         count = 0
         for item in self._store.search(self.name, Filter(lock_id=lock_id, limit=100_000)):
             try:
-                self._apply(item.msg_id, lambda r: engine.unlock(r, lock_id, self._now()))
+                change = self._apply(item.msg_id, lambda r: engine.unlock(r, lock_id, self._now()))
             except LockedError:
                 continue
+            if change is not None:
+                self._wake(change.record)
             count += 1
         if count:
             self.hub.notify()
@@ -908,10 +951,12 @@ class Queue:
         changed = 0
         for msg_id in self._store.due(self.name, now, limit):
             try:
-                if self._apply(msg_id, lambda r: engine.expire_due(r, self._now())) is not None:
-                    changed += 1
+                change = self._apply(msg_id, lambda r: engine.expire_due(r, self._now()))
             except MessageNotFound:
                 continue
+            if change is not None:
+                self._wake(change.record)
+                changed += 1
         if changed:
             self.hub.notify()
         return changed
