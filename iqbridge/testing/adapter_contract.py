@@ -24,9 +24,9 @@ Hooks:
 * :meth:`~AdapterContract.force_redelivery` (optional): make the broker deliver an
   already-delivered message to a subscriber again (a consumer crash before the ack, a
   network retry). Brokers with native consumer groups must override it; for
-  index-driven adapters (the index is the queue) the default drives the facade's own
-  paths for a duplicate hand-over. If the broker truly cannot redeliver, skip with the
-  reason (``pytest.skip(...)``).
+  index-driven adapters (the index is the queue) the default hands the stored entry to
+  the facade the way a broker redelivery arrives. If the broker truly cannot redeliver,
+  skip with the reason (``pytest.skip(...)``).
 
 Fixtures a subclass can use or override: ``clock`` (a :class:`~iqbridge.testing.FakeClock`),
 ``hub`` and ``q`` (a queue with a unique name, lease 30 s, 3 attempts, 1 s initial retry
