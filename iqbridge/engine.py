@@ -342,6 +342,12 @@ def claim(
         raise IllegalTransition(
             rec.msg_id, subscriber, member.state, S.GET, SubEvent.GET, "its time limit passed"
         )
+    if member.state is S.AVAILABLE and member.not_before is not None and now < member.not_before:
+        # Given back with a delay (release(delay=...), retry backoff): not before then, on
+        # every path, also when a broker hands the entry to the group again early.
+        raise IllegalTransition(
+            rec.msg_id, subscriber, member.state, S.GET, SubEvent.GET, "its retry delay runs"
+        )
     step = _Step(rec, now)
     member = step.rec.members[subscriber]
     step.sub(member, SubEvent.GET, f"by {owner}")
