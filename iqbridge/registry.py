@@ -25,11 +25,27 @@ __all__ = ["ADAPTERS", "STORES", "open_adapter", "open_store", "redact"]
 ADAPTERS: dict[str, tuple[str, str | None]] = {
     "memory": ("iqbridge.adapters.memory:MemoryAdapter", None),
     "sqlite": ("iqbridge.adapters.sqlite:SqliteAdapter", None),
+    "redis": ("iqbridge.adapters.redis_streams:RedisStreamsAdapter", "redis"),
+    "rediss": ("iqbridge.adapters.redis_streams:RedisStreamsAdapter", "redis"),
 }
 
 STORES: dict[str, tuple[str, str | None]] = {
     "memory": ("iqbridge.stores.memory:MemoryStore", None),
     "sqlite": ("iqbridge.stores.sqlite:SqliteStore", None),
+    "redis": ("iqbridge.stores.redis:RedisStore", "redis"),
+    "rediss": ("iqbridge.stores.redis:RedisStore", "redis"),
+    # SQLAlchemy Core: any of its URLs with a dialect of PostgreSQL, MySQL/MariaDB,
+    # SQLite (``sql+sqlite:///file.db``: the portable SQL store on an SQLite file) or Oracle.
+    "postgresql": ("iqbridge.stores.sql:SqlStore", "sql"),
+    "postgresql+psycopg": ("iqbridge.stores.sql:SqlStore", "sql"),
+    "postgres": ("iqbridge.stores.sql:SqlStore", "sql"),
+    "mysql": ("iqbridge.stores.sql:SqlStore", "sql"),
+    "mysql+pymysql": ("iqbridge.stores.sql:SqlStore", "sql"),
+    "mariadb": ("iqbridge.stores.sql:SqlStore", "sql"),
+    "mariadb+pymysql": ("iqbridge.stores.sql:SqlStore", "sql"),
+    "sql+sqlite": ("iqbridge.stores.sql:SqlStore", "sql"),
+    "oracle": ("iqbridge.stores.sql:SqlStore", "oracle"),
+    "oracle+oracledb": ("iqbridge.stores.sql:SqlStore", "oracle"),
 }
 
 _EP_GROUP = "iqbridge.adapters"
