@@ -385,16 +385,3 @@ class Model:
             elif m.state in (None, S.AVAILABLE) and (ttl or msg.withdrawn):
                 self._expire(msg, m)
         self._settle(msg)
-
-
-class Clock:
-    """A settable clock (seconds since the epoch) for the hub: leases, TTL and locks."""
-
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from stateful_model import Clock
 
 import iqbridge
 from iqbridge import IllegalTransition, Pool, SubscriberState
 from iqbridge.engine import claim, new_message, release
 from iqbridge.model import Audience
+from iqbridge.testing import FakeClock
 
 S = SubscriberState
 US = 1_000_000
@@ -29,7 +29,7 @@ def test_claim_refuses_a_member_whose_retry_delay_runs() -> None:
 def test_release_with_delay_is_not_redelivered_early_by_the_broker() -> None:
     """memory:// (native groups): the lease sweep requeued the pool's broker entry; after
     the next holder gave it back with a delay, a get took that entry at once."""
-    clock = Clock()
+    clock = FakeClock()
     with iqbridge.connect("memory://", clock=clock) as hub:
         queue = hub.queue("q", sweep_interval=0.0)
         msg = queue.put("x", to=Pool("P2", ["B1", "B2", "B3"]))

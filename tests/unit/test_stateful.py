@@ -38,7 +38,6 @@ from hypothesis.stateful import (
 )
 from stateful_model import (
     IN_DOUBT,
-    Clock,
     Model,
     ModelMessage,
     Refused,
@@ -64,6 +63,7 @@ from iqbridge import (
 )
 from iqbridge.model import from_micros
 from iqbridge.states import PUBLISHER_TABLE, SUBSCRIBER_TABLE
+from iqbridge.testing import FakeClock
 
 S = SubscriberState
 P = PublisherState
@@ -129,7 +129,7 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         STATS[f"{self.config}.examples"] += 1
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.hub = iqbridge.connect(self.url(), publisher=PUBLISHER, clock=self.clock)
         # sweep_interval=0: every get first applies what time made due, as recover() does,
         # so the model knows exactly when lapsed leases and time limits take effect.
