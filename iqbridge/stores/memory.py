@@ -19,11 +19,10 @@ from iqbridge.model import (
     MessageRecord,
     MessageSummary,
     Subscriptions,
-    from_micros,
-    to_micros,
 )
 from iqbridge.states import PublisherState, SubscriberState
 from iqbridge.stores.base import PurgedMessage, StaleRecord
+from iqbridge.stores.codec import matches, summary
 
 __all__ = ["MemoryStore"]
 
@@ -190,7 +189,7 @@ class MemoryStore:
         with self._lock:
             out: list[MessageSummary] = []
             for rec in self._ordered(queue):
-                if _matches(rec, flt):
+                if matches(rec, flt):
                     out.append(summary(rec))
                     if len(out) >= flt.limit:
                         break
@@ -245,50 +244,3 @@ class MemoryStore:
 def _is_due(rec: MessageRecord, now: int) -> bool:
     due = rec.due_at()
     return due is not None and due <= now
-
-
-def _matches(rec: MessageRecord, flt: Filter) -> bool:
-    if flt.msg_id is not None and rec.msg_id != flt.msg_id:
-        return False
-    if flt.correlation_id is not None and rec.correlation_id != flt.correlation_id:
-        return False
-    if flt.publisher is not None and rec.publisher != flt.publisher:
-        return False
-    if flt.priority is not None:
-        lo, hi = flt.priority if isinstance(flt.priority, tuple) else (flt.priority, flt.priority)
-        if not lo <= rec.priority <= hi:
-            return False
-    if flt.since is not None and rec.created_at < to_micros(flt.since):
-        return False
-    if flt.until is not None and rec.created_at >= to_micros(flt.until):
-        return False
-    if flt.lock_id is not None and rec.lock_id != flt.lock_id:
-        return False
-    if flt.subscriber is not None and flt.subscriber not in rec.members:
-        return False
-    if isinstance(flt.state, PublisherState):
-        return rec.publisher_state is flt.state
-    if isinstance(flt.state, SubscriberState):
-        members = (
-            [rec.members[flt.subscriber]]
-            if flt.subscriber is not None
-            else list(rec.members.values())
-        )
-        return any(m.state is flt.state for m in members)
-    return True
-
-
-def summary(rec: MessageRecord) -> MessageSummary:
-    """The search view of a record."""
-    return MessageSummary(
-        msg_id=rec.msg_id,
-        queue=rec.queue,
-        publisher=rec.publisher,
-        correlation_id=rec.correlation_id,
-        priority=rec.priority,
-        mode=rec.mode,
-        publisher_state=rec.publisher_state,
-        created_at=from_micros(rec.created_at),
-        subscribers={k: m.state for k, m in rec.members.items()},
-        parents=rec.parents,
-    )

@@ -48,18 +48,28 @@ from iqbridge.errors import ConfigurationError, IndexUnavailable, MessageNotFoun
 from iqbridge.model import (
     Filter,
     JournalEntry,
-    Member,
     MessageRecord,
     MessageSummary,
-    Pool,
     Subscriptions,
-    from_micros,
     to_micros,
 )
 from iqbridge.states import ActorKind, Mode, PublisherState, SubscriberState
 from iqbridge.stores.base import PurgedMessage, StaleRecord
+from iqbridge.stores.codec import JOURNAL_PER_ROW as _PER_ROW
+from iqbridge.stores.codec import entries_from_json, subscriptions_from_json, subscriptions_to_json
+from iqbridge.stores.codec import entries_to_json as _entries_json
+from iqbridge.stores.codec import members_from_json as _members
+from iqbridge.stores.codec import members_to_json as _members_json
+from iqbridge.stores.codec import summary as _summary
 
-__all__ = ["SqliteDatabase", "SqliteStore", "parse_sqlite_url"]
+__all__ = [
+    "SqliteDatabase",
+    "SqliteStore",
+    "parse_sqlite_url",
+    # moved to iqbridge.stores.codec; still importable from here
+    "subscriptions_from_json",
+    "subscriptions_to_json",
+]
 
 SCHEMA_VERSION = 2
 
@@ -139,10 +149,8 @@ _INSERT_READY = (
 )
 _DELETE_READY = "DELETE FROM iq_ready WHERE queue=? AND subscriber=? AND priority=? AND seq=?"
 _INSERT_JOURNAL = "INSERT INTO iq_journal (seq, msg_id, queue, entries) VALUES (?,?,?,?)"
-#: Journal entries of one change share a row; entry seq = row seq * _PER_ROW + position.
-_PER_ROW = 65536
+# Journal entries of one change share a row; entry seq = row seq * _PER_ROW + position.
 
-_SUB = {s.value: s for s in SubscriberState}
 _PUB = {s.value: s for s in PublisherState}
 _AVAILABLE = SubscriberState.AVAILABLE
 
@@ -380,51 +388,6 @@ class _Conn:
 
 def _translate(exc: sqlite3.Error, path: Path) -> Exception:
     return IndexUnavailable(f"SQLite database {str(path)!r}: {exc}")
-
-
-_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-
-
-def _members_json(rec: MessageRecord) -> str:
-    return _encode(
-        [
-            [
-                m.subscriber,
-                m.pool,
-                m.state,
-                m.outcome,
-                m.attempt,
-                m.lease_token,
-                m.lease_owner,
-                m.lease_until,
-                m.not_before,
-                m.reason,
-                m.updated_at,
-            ]
-            for m in rec.members.values()
-        ]
-    )
-
-
-def _members(text: str) -> dict[str, Member]:
-    out: dict[str, Member] = {}
-    for r in json.loads(text):
-        m = Member.__new__(Member)
-        m.__dict__.update(
-            subscriber=r[0],
-            pool=r[1],
-            state=_SUB[r[2]] if r[2] else None,
-            outcome=_SUB[r[3]] if r[3] else None,
-            attempt=r[4],
-            lease_token=r[5],
-            lease_owner=r[6],
-            lease_until=r[7],
-            not_before=r[8],
-            reason=r[9],
-            updated_at=r[10],
-        )
-        out[r[0]] = m
-    return out
 
 
 class SqliteStore:
@@ -766,27 +729,6 @@ class SqliteStore:
         self.db.close()
 
 
-def subscriptions_to_json(subs: Subscriptions) -> str:
-    """Serialised subscriptions (shared by the SQL-backed stores)."""
-    return json.dumps(
-        {
-            "subscribers": list(subs.subscribers),
-            "pools": [{"name": p.name, "members": list(p.members)} for p in subs.pools],
-            "adhoc_pools": [{"name": p.name, "members": list(p.members)} for p in subs.adhoc_pools],
-        }
-    )
-
-
-def subscriptions_from_json(text: str) -> Subscriptions:
-    """Subscriptions from :func:`subscriptions_to_json` output."""
-    data = json.loads(text)
-    return Subscriptions(
-        tuple(data.get("subscribers", ())),
-        tuple(Pool(p["name"], p["members"]) for p in data.get("pools", ())),
-        tuple(Pool(p["name"], p["members"]) for p in data.get("adhoc_pools", ())),
-    )
-
-
 def _record(row: Sequence[Any]) -> MessageRecord:
     rec = MessageRecord.__new__(MessageRecord)
     rec.__dict__.update(
@@ -817,34 +759,5 @@ def _record(row: Sequence[Any]) -> MessageRecord:
     return rec
 
 
-def _summary(rec: MessageRecord) -> MessageSummary:
-    return MessageSummary(
-        msg_id=rec.msg_id,
-        queue=rec.queue,
-        publisher=rec.publisher,
-        correlation_id=rec.correlation_id,
-        priority=rec.priority,
-        mode=rec.mode,
-        publisher_state=rec.publisher_state,
-        created_at=from_micros(rec.created_at),
-        subscribers={k: m.state for k, m in rec.members.items()},
-        parents=rec.parents,
-    )
-
-
-def _entries_json(entries: Sequence[JournalEntry]) -> str:
-    return _encode(
-        [[e.actor, e.actor_kind, e.src, e.dst, e.at, e.attempt, e.detail] for e in entries]
-    )
-
-
-_KIND = {k.value: k for k in ActorKind}
-
-
 def _unpack(row: Sequence[Any]) -> list[JournalEntry]:
-    base = row[0] * _PER_ROW
-    msg_id, queue = row[1], row[2]
-    return [
-        JournalEntry(msg_id, queue, e[0], _KIND[e[1]], e[2], e[3], e[4], e[5], e[6], base + i)
-        for i, e in enumerate(json.loads(row[3]))
-    ]
+    return entries_from_json(row[0], row[1], row[2], row[3])
