@@ -1,0 +1,558 @@
+"""Redis index store: message states, indexes and the journal in Redis.
+
+URL: ``redis://[[user]:password@]host[:port][/db][?options]``, or ``rediss://`` for TLS.
+Options (query parameters):
+
+* ``prefix``: names this index inside the database (default ``default``); every key
+  starts with ``{iq:<prefix>}:``, so several indexes share one Redis apart.
+* ``retries``: attempts of a call that meets a dropped connection or a timeout before
+  :class:`~iqbridge.errors.IndexUnavailable` is raised (default 4, with exponential
+  backoff and jitter from 50 ms up to 1 s).
+* ``socket_timeout``, ``socket_connect_timeout``: seconds (default 10 and 5).
+* passed to redis-py as they are: ``client_name``, ``max_connections``,
+  ``health_check_interval``, ``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``,
+  ``ssl_keyfile``, ``ssl_check_hostname``.
+
+Every transition is one Lua script (``stores/lua/commit.lua``, run by EVALSHA): it
+checks the record's version (compare-and-set), rewrites the record, moves it between
+its secondary indexes (claim order per subscriber, due time, correlation id, lock id,
+publisher state, queue in put order) and appends the change's journal entries to a
+stream, all or nothing. :meth:`RedisStore.commit_many` sends a whole batch in one call.
+Redis has no interactive transactions, so :meth:`RedisStore.atomic` is a no-op and
+compare-and-set alone keeps writers apart. Every key of one index shares a hash tag,
+so the scripts run on Redis Cluster too (the whole index then lives on one shard).
+
+A call that loses its connection is retried; a commit whose reply was lost is
+recognised by the write id it leaves on the record, and is never applied twice. The
+key layout is described in docs/index-stores.md (section Redis).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
+from functools import partial
+from importlib import resources
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from iqbridge.engine import Change
+from iqbridge.errors import ConfigurationError, IndexUnavailable, MessageNotFound
+from iqbridge.ids import new_token
+from iqbridge.model import (
+    Filter,
+    JournalEntry,
+    MessageRecord,
+    MessageSummary,
+    Subscriptions,
+)
+from iqbridge.states import PublisherState, SubscriberState
+from iqbridge.stores.base import PurgedMessage, StaleRecord
+from iqbridge.stores.codec import (
+    JOURNAL_PER_ROW,
+    encode,
+    entries_from_json,
+    entries_to_json,
+    matches,
+    record_from_json,
+    record_to_json,
+    subscriptions_from_json,
+    subscriptions_to_json,
+    summary,
+)
+
+__all__ = ["RedisStore"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_AVAILABLE = SubscriberState.AVAILABLE
+_JOURNALLED = PublisherState.JOURNALLED
+
+#: Options of the URL read by the store itself; the second set goes to redis-py.
+_OWN_OPTIONS = frozenset({"prefix", "retries", "socket_timeout", "socket_connect_timeout"})
+_DRIVER_OPTIONS = frozenset(
+    {
+        "client_name",
+        "max_connections",
+        "health_check_interval",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_check_hostname",
+    }
+)
+_MIN_VERSION = (6, 2)  # ZRANGE ... BYSCORE, exclusive XRANGE bounds
+
+_SCRIPTS = ("commit", "available", "history", "page", "purge", "native_ref")
+
+
+def _lua(name: str) -> str:
+    return resources.files("iqbridge.stores").joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+def _transient(exc: BaseException) -> bool:
+    """A dropped connection or a timeout (worth another try); a refused login is not."""
+    return isinstance(exc, RedisConnectionError | RedisTimeoutError) and not isinstance(
+        exc, AuthenticationError
+    )
+
+
+def _int_option(opts: dict[str, str], name: str, default: int, url: str) -> int:
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigurationError(
+            f"Redis index URL {url}: {name} must be a positive integer, not {raw!r}"
+        )
+    return value
+
+
+def _float_option(opts: dict[str, str], name: str, default: float, url: str) -> float:
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise ConfigurationError(
+            f"Redis index URL {url}: {name} must be a positive number of seconds, not {raw!r}"
+        )
+    return value
+
+
+class RedisStore:
+    """The index in Redis (see the module docstring). Thread-safe; fork-safe."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        url: str,
+        prefix: str = "default",
+        retries: int = 4,
+    ) -> None:
+        from iqbridge.registry import redact
+
+        if not prefix or any(c in prefix for c in "{} \t\r\n"):
+            raise ConfigurationError(
+                f"Redis index prefix {prefix!r} must be non-empty, without braces or spaces"
+            )
+        self.url = redact(url)
+        self.prefix = prefix
+        self.retries = retries
+        # Typed Any: redis-py types every reply as bytes | str; this client decodes to str.
+        self._r: Any = client
+        #: Every key of this index starts with this; the braces are its hash tag.
+        self.keyspace = f"{{iq:{prefix}}}:"
+        k = self.keyspace
+        self._seq_key = k + "seq"
+        self._journal_key = k + "journal"
+        self._queues_key = k + "queues"
+        self._subs_key = k + "subs"
+        scripts: dict[str, Script] = {n: client.register_script(_lua(n)) for n in _SCRIPTS}
+        self._commit = scripts["commit"]
+        self._available = scripts["available"]
+        self._history = scripts["history"]
+        self._page = scripts["page"]
+        self._purge = scripts["purge"]
+        self._native_ref = scripts["native_ref"]
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStore:
+        """Open the index a ``redis://`` or ``rediss://`` URL names; check it answers."""
+        from iqbridge.registry import redact
+
+        safe = redact(url)
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss"):
+            raise ConfigurationError(f"not a Redis URL: {safe!r}; write redis://host:6379/0")
+        opts = dict(parse_qsl(parts.query, keep_blank_values=True))
+        unknown = set(opts) - _OWN_OPTIONS - _DRIVER_OPTIONS
+        if unknown:
+            known = ", ".join(sorted(_OWN_OPTIONS | _DRIVER_OPTIONS))
+            raise ConfigurationError(
+                f"unknown Redis index option(s) {sorted(unknown)} in {safe}; known: {known}"
+            )
+        path = parts.path.strip("/")
+        if path and not path.isdigit():
+            raise ConfigurationError(
+                f"Redis index URL {safe}: the path must be a database number (/0 to /15), "
+                f"not {path!r}"
+            )
+        driver_query = urlencode({k: v for k, v in opts.items() if k in _DRIVER_OPTIONS})
+        driver_url = urlunsplit(parts._replace(query=driver_query, fragment=""))
+        try:
+            client = redis.Redis.from_url(
+                driver_url,
+                decode_responses=True,
+                socket_timeout=_float_option(opts, "socket_timeout", 10.0, safe),
+                socket_connect_timeout=_float_option(opts, "socket_connect_timeout", 5.0, safe),
+                # Retries are ours (tenacity): the driver's own would re-send a commit
+                # script blindly after a lost reply.
+                retry=Retry(NoBackoff(), 0),
+            )
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"Redis index URL {safe}: {exc}") from exc
+        store = cls(
+            client,
+            url=url,
+            prefix=opts.get("prefix", "default"),
+            retries=_int_option(opts, "retries", 4, safe),
+        )
+        try:
+            store._check_server()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def _unavailable(self, exc: RedisError) -> IndexUnavailable:
+        if isinstance(exc, AuthenticationError):
+            return IndexUnavailable(
+                f"the Redis index at {self.url} refused the login ({exc}); check the user "
+                f"name and password in the index URL"
+            )
+        if _transient(exc):
+            return IndexUnavailable(
+                f"cannot reach the Redis index at {self.url} ({type(exc).__name__}: {exc}; "
+                f"tried {self.retries} times); check that Redis is running there and that "
+                f"the URL's host, port and database are right"
+            )
+        return IndexUnavailable(
+            f"the Redis index at {self.url} failed a command ({type(exc).__name__}: {exc}); "
+            f"check that the server is a writable Redis 6.2 or later primary"
+        )
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """``fn()``, retried with backoff on a dropped connection or a timeout.
+
+        Only for calls that are safe to repeat (reads, idempotent writes, and calls that
+        check first whether an earlier try already applied).
+        """
+        try:
+            return fn()
+        except RedisError as exc:
+            if not _transient(exc) or self.retries <= 1:
+                raise self._unavailable(exc) from exc
+            log.warning("Redis index %s: %s; retrying", self.url, exc)
+        retrying = Retrying(
+            retry=retry_if_exception(_transient),
+            stop=stop_after_attempt(self.retries - 1),
+            wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
+            before_sleep=before_sleep_log(log, logging.WARNING),
+            reraise=True,
+        )
+        try:
+            return retrying(fn)
+        except RedisError as exc:
+            raise self._unavailable(exc) from exc
+
+    def _check_server(self) -> None:
+        info = self._call(lambda: self._r.info("server"))
+        version = str(info.get("redis_version", "0"))
+        parsed = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+        if parsed < _MIN_VERSION:
+            raise ConfigurationError(
+                f"the Redis index at {self.url} runs Redis {version}; the index store needs "
+                f"6.2 or later"
+            )
+
+    def _record_key(self, msg_id: str) -> str:
+        return f"{self.keyspace}m:{msg_id}"
+
+    # --- writes ------------------------------------------------------------------------
+
+    def atomic(self) -> nullcontext[None]:
+        """A no-op: Redis has no interactive transactions; compare-and-set suffices."""
+        return nullcontext()
+
+    def commit(self, change: Change) -> None:
+        """Persist one change with compare-and-set (one script call)."""
+        self.commit_many((change,))
+
+    def commit_many(self, changes: Sequence[Change]) -> None:
+        """Persist several changes in one script call, all or none."""
+        if not changes:
+            return
+        write_id = new_token()
+        batch = encode([self._change_args(c) for c in changes])
+        tried = False
+
+        def attempt() -> Any:
+            nonlocal tried
+            if tried:
+                # The last try may have applied before its reply was lost: ask the record.
+                seqs = self._applied(changes, write_id)
+                if seqs is not None:
+                    return ["ok", *seqs]
+            tried = True
+            return self._commit(keys=[self._seq_key], args=[self.keyspace, write_id, batch])
+
+        result = self._call(attempt)
+        if result[0] == "stale":
+            raise StaleRecord(str(result[1]))
+        for change, seq in zip(changes, result[1:], strict=True):
+            if change.created:
+                change.record.seq = int(seq)
+
+    def _applied(self, changes: Sequence[Change], write_id: str) -> list[int] | None:
+        """The seqs of a batch if it was committed under ``write_id``, else None."""
+        pipe = self._r.pipeline(transaction=False)
+        for change in changes:
+            pipe.hmget(self._record_key(change.msg_id), "w", "s")
+        rows = pipe.execute()
+        if rows[0][0] != write_id:
+            return None
+        return [int(row[1]) for row in rows]
+
+    def _change_args(self, change: Change) -> dict[str, Any]:
+        rec = change.record
+        k, q = self.keyspace, rec.queue
+        by_seq = [f"{k}q:{q}"]
+        if rec.publisher_state is not None:
+            by_seq.append(f"{k}p:{q}/{rec.publisher_state.value}")
+        if rec.correlation_id is not None:
+            by_seq.append(f"{k}k:{q}/{rec.correlation_id}")
+        if rec.lock_id is not None:
+            by_seq.append(f"{k}l:{q}/{rec.lock_id}")
+        fields: list[list[str]] = [["u", str(rec.updated_at)]]
+        if rec.expires_at is not None:
+            fields.append(["x", str(rec.expires_at)])
+        if rec.lock_id is not None:
+            fields.append(["lk", rec.lock_id])
+            if rec.lock_until is not None:
+                fields.append(["lu", str(rec.lock_until)])
+        by_claim: list[str] = []
+        for m in rec.members.values():
+            if m.state is _AVAILABLE:
+                by_claim.append(f"{k}c:{q}/{m.subscriber}")
+                if m.attempt >= 2:
+                    by_claim.append(f"{k}r:{q}/{m.subscriber}")
+                if m.not_before is not None:
+                    fields.append([f"b:{m.subscriber}", str(m.not_before)])
+        due = rec.due_at()
+        entries = change.journal
+        return {
+            "id": rec.msg_id,
+            "c": 1 if change.created else 0,
+            "ev": str(change.expected_version),
+            "v": str(rec.version),
+            "q": q,
+            "p": rec.priority,
+            "r": record_to_json(rec),
+            "n": rec.native_ref or "",
+            "j": [
+                entries_to_json(entries[i : i + JOURNAL_PER_ROW])
+                for i in range(0, len(entries), JOURNAL_PER_ROW)
+            ],
+            "f": fields,
+            "ks": by_seq,
+            "kc": by_claim,
+            "kd": [f"{k}d", f"{k}d:{q}"] if due is not None else [],
+            "due": str(due) if due is not None else "",
+        }
+
+    def set_native_ref(self, msg_id: str, native_ref: str) -> None:
+        """Record where the broker keeps the payload (not a state change)."""
+        found = self._call(
+            lambda: self._native_ref(keys=[self._record_key(msg_id)], args=[native_ref])
+        )
+        if not found:
+            raise MessageNotFound(msg_id)
+
+    # --- reads -------------------------------------------------------------------------
+
+    def load(self, msg_id: str) -> MessageRecord:
+        """The current record of a message."""
+        key = self._record_key(msg_id)
+        v, s, n, r = self._call(lambda: self._r.hmget(key, "v", "s", "n", "r"))
+        if v is None:
+            raise MessageNotFound(msg_id)
+        return record_from_json(msg_id, r, version=int(v), seq=int(s), native_ref=n)
+
+    def claimable(
+        self, queue: str, subscriber: str, now: int, limit: int, lock_id: str | None = None
+    ) -> list[str]:
+        """Ids available to a subscriber now: priority first, then put order."""
+        k = self.keyspace
+        keys = [f"{k}c:{queue}/{subscriber}"]
+        if lock_id is not None:
+            keys.append(f"{k}l:{queue}/{lock_id}")
+        args = [k, subscriber, str(now), str(limit), lock_id or ""]
+        return list(self._call(lambda: self._available(keys=keys, args=args)))
+
+    def redeliverable(self, queue: str, subscriber: str, now: int, limit: int) -> list[str]:
+        """Available ids on attempt 2 or later."""
+        k = self.keyspace
+        keys = [f"{k}r:{queue}/{subscriber}"]
+        args = [k, subscriber, str(now), str(limit), ""]
+        return list(self._call(lambda: self._available(keys=keys, args=args)))
+
+    def due(self, queue: str | None, now: int, limit: int) -> list[str]:
+        """Ids with a lapsed lease, time limit or browse lock."""
+        key = f"{self.keyspace}d:{queue}" if queue else f"{self.keyspace}d"
+        return list(
+            self._call(lambda: self._r.zrange(key, "-inf", now, byscore=True, offset=0, num=limit))
+        )
+
+    def history(self, msg_id: str) -> list[JournalEntry]:
+        """Every journal entry of one message, in order."""
+        rows = self._call(
+            lambda: self._history(keys=[self._record_key(msg_id)], args=[self._journal_key])
+        )
+        if rows is None:
+            raise MessageNotFound(msg_id)
+        out: list[JournalEntry] = []
+        for n, flat in rows:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            out.extend(entries_from_json(int(n), fields["m"], fields["q"], fields["e"]))
+        return out
+
+    def search(self, queue: str, flt: Filter) -> list[MessageSummary]:
+        """Filter on index fields only, never payloads; in put order.
+
+        Reads the narrowest index the filter allows (msg_id, correlation id, lock id,
+        publisher state, else the queue) and checks the rest on each record.
+        """
+        if flt.limit <= 0:
+            return []
+        if flt.msg_id is not None:
+            try:
+                rec = self.load(flt.msg_id)
+            except MessageNotFound:
+                return []
+            return [summary(rec)] if rec.queue == queue and matches(rec, flt) else []
+        out: list[MessageSummary] = []
+        for rec in self._scan(self._search_index(queue, flt), max(100, min(flt.limit * 2, 1000))):
+            if matches(rec, flt):
+                out.append(summary(rec))
+                if len(out) >= flt.limit:
+                    break
+        return out
+
+    def _search_index(self, queue: str, flt: Filter) -> str:
+        k = self.keyspace
+        if flt.correlation_id is not None:
+            return f"{k}k:{queue}/{flt.correlation_id}"
+        if flt.lock_id is not None:
+            return f"{k}l:{queue}/{flt.lock_id}"
+        if isinstance(flt.state, PublisherState):
+            return f"{k}p:{queue}/{flt.state.value}"
+        return f"{k}q:{queue}"
+
+    def _scan(self, index: str, page: int) -> Iterator[MessageRecord]:
+        """Records listed in a put-order index, a page per round trip."""
+        after = "0"
+        while True:
+            rows = self._call(partial(self._page, keys=[index], args=[self.keyspace, after, page]))
+            for msg_id, v, s, n, r in rows:
+                yield record_from_json(msg_id, r, version=int(v), seq=int(s), native_ref=n)
+            if len(rows) < page:
+                return
+            after = rows[-1][2]
+
+    def journal(self, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
+        """Journal entries with seq greater than ``after``, oldest first."""
+        out: list[JournalEntry] = []
+        start = f"{after // JOURNAL_PER_ROW}-0"
+        count = max(16, min(limit, 5000))
+        while len(out) < limit:
+            rows = self._call(
+                partial(self._r.xrange, self._journal_key, min=start, max="+", count=count)
+            )
+            if not rows:
+                break
+            for stream_id, fields in rows:
+                n = int(stream_id.split("-", 1)[0])
+                entries = entries_from_json(n, fields["m"], fields["q"], fields["e"])
+                out.extend(e for e in entries if (e.seq or 0) > after)
+            start = "(" + rows[-1][0]
+        return out[:limit]
+
+    # --- purge, queues, subscriptions --------------------------------------------------
+
+    def purge(self, queue: str, before: int, limit: int = 1000) -> list[PurgedMessage]:
+        """Delete journalled messages last changed before ``before``; keep the journal."""
+        if limit <= 0:
+            return []
+        request = new_token()
+        done_key = f"{self.keyspace}done:{request}"
+        tried = False
+
+        def attempt() -> Any:
+            nonlocal tried
+            if tried:
+                # A purge whose reply was lost left its answer behind.
+                kept = self._r.get(done_key)
+                if kept is not None:
+                    return json.loads(kept) or []
+            tried = True
+            return self._purge(
+                keys=[f"{self.keyspace}p:{queue}/{_JOURNALLED.value}"],
+                args=[self.keyspace, str(before), str(limit), request],
+            )
+
+        rows = self._call(attempt)
+        return [PurgedMessage(msg_id, ref or None) for msg_id, ref in rows]
+
+    def declare_queue(self, queue: str) -> None:
+        """Make the queue known (idempotent)."""
+        self._call(lambda: self._r.sadd(self._queues_key, queue))
+
+    def queues(self) -> list[str]:
+        """Every known queue name."""
+        return sorted(self._call(lambda: self._r.smembers(self._queues_key)))
+
+    def subscriptions(self, queue: str) -> Subscriptions:
+        """The queue's standing audience."""
+        body = self._call(lambda: self._r.hget(self._subs_key, queue))
+        return Subscriptions() if body is None else subscriptions_from_json(body)
+
+    def set_subscriptions(self, queue: str, subs: Subscriptions) -> None:
+        """Replace the queue's standing audience."""
+        body = subscriptions_to_json(subs)
+
+        def write() -> None:
+            pipe = self._r.pipeline(transaction=True)
+            pipe.sadd(self._queues_key, queue)
+            pipe.hset(self._subs_key, queue, body)
+            pipe.execute()
+
+        self._call(write)
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self._r.close()
+
+    def __repr__(self) -> str:
+        return f"<RedisStore {self.url} prefix={self.prefix!r}>"
