@@ -563,6 +563,10 @@ class Queue:
                     )
                 except (IllegalTransition, LockedError, MessageNotFound):
                     continue
+                if rec.native_ref is None and at - rec.created_at < self.lease * 1_000_000:
+                    # Put through the broker apart from the index (another store): the
+                    # payload's reference is recorded just after the record. Not yet.
+                    continue
                 env = self._adapter.read(self.name, rec.native_ref) if rec.native_ref else None
                 if env is None:
                     # The broker lost the payload: GET (never FETCHED), then unusable for
