@@ -108,7 +108,12 @@ _SCRIPTS = ("commit", "available", "history", "page", "purge", "native_ref")
 
 
 def _lua(name: str) -> str:
-    return resources.files("iqbridge.stores").joinpath("lua", f"{name}.lua").read_text("utf-8")
+    return (
+        resources.files("iqbridge.stores")
+        .joinpath("lua")
+        .joinpath(f"{name}.lua")
+        .read_text("utf-8")
+    )
 
 
 def _transient(exc: BaseException) -> bool:

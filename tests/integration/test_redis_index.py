@@ -1,0 +1,297 @@
+"""The Redis index store when things go wrong, on the real Redis server.
+
+* An unreachable server is an IndexUnavailable that names the URL without its password.
+* A commit or purge whose reply is lost (the connection drops after Redis ran the script)
+  is recognised on the retry, not applied twice and not reported as a lost race; one whose
+  request is lost is applied by the retry.
+* Purge leaves no index entry behind; every key of an index carries its hash tag.
+* A put through a broker apart from the index is not declared unusable while its
+  payload's reference is still on its way to the index.
+
+Faults are made by a small TCP proxy in front of Redis that drops a connection at the
+chosen moment; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+import iqbridge
+from iqbridge import engine
+from iqbridge.errors import ConfigurationError, IndexUnavailable
+from iqbridge.ids import new_id, new_token
+from iqbridge.model import Audience, Pool
+from iqbridge.states import SubscriberState
+from iqbridge.stores.redis import RedisStore
+from iqbridge.testing import FakeClock
+from tests.redis_index_helpers import REDIS_URL, fresh_prefix
+
+pytestmark = pytest.mark.redis
+
+T0 = 1_800_000_000_000_000
+S = SubscriberState
+
+
+class DroppingProxy:
+    """A TCP proxy to Redis that can lose one request or the reply to it.
+
+    ``arm(marker, lose="reply")``: the next request containing every byte string of
+    ``marker`` is passed on, and the connection closed when its reply comes back (the
+    client never reads it). ``lose="request"``: the request is never passed on.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.lock = threading.Lock()
+        self.marker: tuple[bytes, ...] | None = None
+        self.lose = "reply"
+        self.dropped = 0
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, *marker: bytes, lose: str = "reply") -> None:
+        with self.lock:
+            self.marker, self.lose = marker, lose
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection(self.target)
+                with self.lock:
+                    self.socks += [client, upstream]
+                lost = threading.Event()
+                threading.Thread(
+                    target=self._up, args=(client, upstream, lost), daemon=True
+                ).start()
+                threading.Thread(
+                    target=self._down, args=(client, upstream, lost), daemon=True
+                ).start()
+
+    def _drop(self, *socks: socket.socket) -> None:
+        self.dropped += 1
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def _up(self, client: socket.socket, upstream: socket.socket, lost: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(1 << 20):
+                with self.lock:
+                    hit = self.marker is not None and all(m in data for m in self.marker)
+                    if hit:
+                        self.marker = None
+                        lose = self.lose
+                if hit and lose == "request":
+                    self._drop(client, upstream)
+                    return
+                if hit:
+                    lost.set()
+                upstream.sendall(data)
+
+    def _down(self, client: socket.socket, upstream: socket.socket, lost: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(1 << 20):
+                if lost.is_set():
+                    self._drop(client, upstream)
+                    return
+                client.sendall(data)
+
+    def close(self) -> None:
+        self.listener.close()
+        with self.lock:
+            for s in self.socks:
+                with contextlib.suppress(OSError):
+                    s.close()
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    with fresh_prefix("failures") as prefix:
+        yield prefix
+
+
+@pytest.fixture
+def proxy() -> Iterator[DroppingProxy]:
+    parts = redis.connection.parse_url(REDIS_URL)
+    p = DroppingProxy(parts.get("host", "127.0.0.1"), int(parts.get("port", 6379)))
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def store(redis_prefix: str) -> Iterator[RedisStore]:
+    s = RedisStore.from_url(f"{REDIS_URL}?prefix={redis_prefix}")
+    yield s
+    s.close()
+
+
+def _new(queue: str, audience: Audience, **fields: object) -> engine.Change:
+    return engine.new_message(
+        msg_id=new_id(), queue=queue, publisher="pub", audience=audience, now=T0, **fields
+    )
+
+
+def test_unreachable_redis_is_index_unavailable_naming_the_redacted_url() -> None:
+    # Port 1 on loopback: nothing listens there, every connection is refused at once.
+    url = "redis://iq-user:s3cret-pw@127.0.0.1:1/0?prefix=nowhere&retries=2"
+    with pytest.raises(IndexUnavailable) as info:
+        RedisStore.from_url(url)
+    text = str(info.value)
+    assert "s3cret-pw" not in text
+    assert "redis://iq-user:***@127.0.0.1:1/0" in text
+    assert "check that Redis is running" in text
+
+
+def test_hub_on_an_unreachable_index_fails_before_use(tmp_path: Path) -> None:
+    with pytest.raises(IndexUnavailable, match=r"127\.0\.0\.1:1"):
+        iqbridge.connect(f"sqlite:///{tmp_path / 'q.db'}", index="redis://127.0.0.1:1/0?retries=1")
+
+
+@pytest.mark.parametrize(
+    ("query", "complaint"),
+    [
+        ("prefix=a{b}", "braces"),
+        ("retries=0", "retries must be a positive integer"),
+        ("socket_timeout=soon", "socket_timeout must be a positive number"),
+        ("colour=blue", "unknown Redis index option"),
+    ],
+)
+def test_bad_options_are_configuration_errors(query: str, complaint: str) -> None:
+    with pytest.raises(ConfigurationError, match=complaint):
+        RedisStore.from_url(f"redis://127.0.0.1:1/0?{query}")
+
+
+def _proxied(redis_prefix: str, proxy: DroppingProxy) -> RedisStore:
+    return RedisStore.from_url(f"redis://127.0.0.1:{proxy.port}/0?prefix={redis_prefix}")
+
+
+@pytest.mark.parametrize("lose", ["reply", "request"])
+def test_a_commit_whose_reply_or_request_is_lost_applies_exactly_once(
+    redis_prefix: str, store: RedisStore, proxy: DroppingProxy, lose: str
+) -> None:
+    queue = "lost"
+    via = _proxied(redis_prefix, proxy)
+    try:
+        put = _new(queue, Audience((), (Pool("p", ["p1", "p2"]),)))
+        proxy.arm(b"EVALSHA", put.msg_id.encode(), lose=lose)
+        via.commit(put)
+        assert proxy.dropped == 1
+        assert put.record.seq == store.load(put.msg_id).seq
+
+        rec = store.load(put.msg_id)
+        claim = engine.claim(rec, "p1", T0, token=new_token(), owner="o", lease_until=None)
+        journal_before = len(store.journal(0, 100_000))
+        proxy.arm(b"EVALSHA", put.msg_id.encode(), lose=lose)
+        via.commit(claim)  # neither StaleRecord nor applied twice
+        assert proxy.dropped == 2
+    finally:
+        via.close()
+    assert store.load(put.msg_id) == claim.record
+    history = store.history(put.msg_id)
+    assert [(e.actor, e.dst) for e in history] == [
+        (e.actor, e.dst) for e in put.journal + claim.journal
+    ]
+    assert len(store.journal(0, 100_000)) == journal_before + len(claim.journal)
+
+
+def test_a_purge_whose_reply_is_lost_reports_what_it_purged(
+    redis_prefix: str, store: RedisStore, proxy: DroppingProxy
+) -> None:
+    queue = "purged"
+    ids = []
+    for _ in range(3):
+        put = _new(queue, Audience(("a",)), native_ref=f"ref-{len(ids)}")
+        store.commit(put)
+        store.commit(engine.withdraw(store.load(put.msg_id), T0))
+        ids.append(put.msg_id)
+    via = _proxied(redis_prefix, proxy)
+    try:
+        proxy.arm(b"EVALSHA", f"p:{queue}/JOURNALLED".encode())
+        gone = via.purge(queue, T0 + 1, limit=2)
+        assert proxy.dropped == 1
+    finally:
+        via.close()
+    assert [(p.msg_id, p.native_ref) for p in gone] == [(ids[0], "ref-0"), (ids[1], "ref-1")]
+    assert [p.msg_id for p in store.purge(queue, T0 + 1)] == [ids[2]]
+
+
+def test_purge_leaves_no_index_entry_and_every_key_has_the_hash_tag(
+    redis_prefix: str, store: RedisStore
+) -> None:
+    queue = "tidy"
+    put = _new(
+        queue,
+        Audience(("a",), (Pool("p", ["p1", "p2"]),)),
+        correlation_id="corr/1",
+        expires_at=T0 + 10_000_000,
+    )
+    store.commit(put)
+    token = new_token()
+    store.commit(engine.lock(store.load(put.msg_id), "lock-1", "browser", T0, T0 + 5_000_000))
+    store.commit(
+        engine.claim(
+            store.load(put.msg_id),
+            "p1",
+            T0,
+            token=token,
+            owner="o",
+            lease_until=T0 + 1_000_000,
+            lock_id="lock-1",
+        )
+    )
+    store.commit(engine.release(store.load(put.msg_id), "p1", token, T0, delay_us=1_000_000))
+    store.commit(engine.withdraw(store.load(put.msg_id), T0 + 1))
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        keys = set(client.scan_iter(match=f"*{redis_prefix}*", count=1000))
+        assert keys and all(k.startswith(f"{{iq:{redis_prefix}}}:") for k in keys)
+        assert [p.msg_id for p in store.purge(queue, T0 + 2)] == [put.msg_id]
+        left = {
+            k
+            for k in client.scan_iter(match=f"{{iq:{redis_prefix}}}:*", count=1000)
+            if client.type(k) == "zset" and client.zscore(k, put.msg_id) is not None
+        }
+        assert left == set()
+        assert not client.exists(f"{{iq:{redis_prefix}}}:m:{put.msg_id}")
+        assert client.xlen(f"{{iq:{redis_prefix}}}:journal") > 0  # the journal is kept
+    finally:
+        client.close()
+
+
+def test_a_put_whose_payload_reference_is_not_yet_indexed_is_not_declared_unusable(
+    redis_prefix: str, tmp_path: Path
+) -> None:
+    # The embedded queue with its index in Redis: a put commits the record first, then
+    # stores the row, then records the row's reference. A get in between must wait.
+    clock = FakeClock()
+    with iqbridge.connect(
+        f"sqlite:///{tmp_path / 'q.db'}",
+        index=f"{REDIS_URL}?prefix={redis_prefix}",
+        clock=clock,
+    ) as hub:
+        queue = hub.queue("inflight", lease=30)
+        change = engine.new_message(
+            msg_id=new_id(),
+            queue="inflight",
+            publisher="pub",
+            audience=Audience(("a",)),
+            now=hub.now_us(),
+        )
+        hub.store.commit(change)  # the put's first step, and no further
+        assert queue.get("a") is None
+        assert hub.store.load(change.msg_id).members["a"].state is S.AVAILABLE
+        clock.advance(31)  # a put that never finished: now the payload is missing
+        assert queue.get("a") is None
+        view = queue.state(change.msg_id).subscribers["a"]
+        assert view.reason == "payload missing on the broker"
