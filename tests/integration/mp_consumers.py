@@ -59,7 +59,7 @@ def _drain(args: argparse.Namespace) -> None:
     import iqbridge
 
     out = Path(args.out)
-    with iqbridge.connect(args.url) as hub:
+    with iqbridge.connect(args.url, index=args.index) as hub:
         queue = hub.queue(args.queue)
         if args.go:
             write_report(out.with_name(out.name + ".ready"), {"pid": os.getpid()})
@@ -85,7 +85,7 @@ def _hold(args: argparse.Namespace) -> None:
     import iqbridge
 
     out = Path(args.out)
-    with iqbridge.connect(args.url) as hub:
+    with iqbridge.connect(args.url, index=args.index) as hub:
         queue = hub.queue(args.queue)
         done: list[list[Any]] = []
         held: list[list[Any]] = []
@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="iqbridge test consumer")
     parser.add_argument("mode", choices=["drain", "hold"])
     parser.add_argument("--url", required=True)
+    parser.add_argument("--index", help="index store URL (default: the broker's own)")
     parser.add_argument("--queue", required=True)
     parser.add_argument("--subscriber", required=True)
     parser.add_argument("--out", required=True, help="report file (JSON)")
