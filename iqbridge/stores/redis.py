@@ -432,9 +432,7 @@ class RedisStore:
 
     def history(self, msg_id: str) -> list[JournalEntry]:
         """Every journal entry of one message, in order."""
-        rows = self._call(
-            lambda: self._history(keys=[self._record_key(msg_id)], args=[self._journal_key])
-        )
+        rows = self._call(lambda: self._history(keys=[self._record_key(msg_id), self._journal_key]))
         if rows is None:
             raise MessageNotFound(msg_id)
         out: list[JournalEntry] = []

@@ -1,7 +1,7 @@
 -- Every journal entry of one message, in order.
 --
 -- KEYS[1]  the message's record
--- ARGV[1]  the journal stream's key
+-- KEYS[2]  the journal stream
 --
 -- Returns nil for an unknown message, else {{n, fields}, ...}: the stream entries
 -- "<n>-0" the record lists, each with its flat field list (m, q, e).
@@ -12,7 +12,7 @@ if not h then
 end
 local out = {}
 for n in string.gmatch(h, '[^,]+') do
-  local e = redis.call('XRANGE', ARGV[1], n .. '-0', n .. '-0')
+  local e = redis.call('XRANGE', KEYS[2], n .. '-0', n .. '-0')
   if e[1] then
     out[#out + 1] = {n, e[1][2]}
   end
