@@ -7,6 +7,7 @@ committed to the index store with compare-and-set; the adapter only moves payloa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -65,6 +66,7 @@ _CAS_ATTEMPTS = 50
 _CLAIM_BATCH = 4
 _SUBS_TTL = 1.0
 _RECEIVE_SKIPS = 100
+_MSG_ID_MAX = 128
 
 AudienceSpec = str | Pool | Iterable[str | Pool]
 
@@ -293,6 +295,7 @@ class Queue:
         parents: Iterable[str] = (),
         headers: Mapping[str, str] | None = None,
         content_type: str | None = None,
+        msg_id: str | None = None,
     ) -> str:
         """Put one message; return its msg_id.
 
@@ -301,6 +304,8 @@ class Queue:
         put is PUT then REVEALED at once; with ``confirm=True`` it stays PUT (hidden)
         until :meth:`confirm_put`, or :meth:`undo` withdraws it. ``ttl`` seconds after the
         put, members that have not got it yet go EXPIRED. ``priority`` is 0-9 (9 first).
+
+        ``msg_id`` makes the put idempotent (see :meth:`put_many`'s ``msg_ids``).
         """
         return self.put_many(
             [payload],
@@ -314,6 +319,7 @@ class Queue:
             parents=parents,
             headers=headers,
             content_type=content_type,
+            msg_ids=None if msg_id is None else [msg_id],
         )[0]
 
     def put_many(
@@ -330,8 +336,17 @@ class Queue:
         parents: Iterable[str] = (),
         headers: Mapping[str, str] | None = None,
         content_type: str | None = None,
+        msg_ids: Sequence[str] | None = None,
     ) -> list[str]:
-        """Put several messages with the same options in one transaction; return their ids."""
+        """Put several messages with the same options in one transaction; return their ids.
+
+        ``msg_ids`` (one per payload, chosen by the caller, as a transactional outbox
+        does) makes the put idempotent: a message whose id the index already has is not
+        put again, and is only sent to the broker if an earlier attempt stopped before
+        the broker had it. A put with ``msg_ids`` that failed (say, the broker went away)
+        is safe to repeat with the same ids and arguments: unlike a plain put, it leaves
+        the index record in place for the repeat to finish, instead of withdrawing it.
+        """
         if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
             raise InvalidArgument(f"priority must be an int from 0 to 9, got {priority!r}")
         hdrs = dict(headers or {})
@@ -341,17 +356,19 @@ class Queue:
         ttl_s = _seconds(ttl, "ttl")
         publisher = check_name("publisher", publisher or self.hub.publisher)
         parent_ids = tuple(parents)
+        items = list(payloads)
+        ids = self._check_ids(msg_ids, len(items)) if msg_ids is not None else None
         audience = self._audience(to)
         now = self._now()
         expires_at = now + int(ttl_s * 1_000_000) if ttl_s is not None else None
         limit = min(self.max_bytes, self._adapter.capabilities.max_payload_bytes)
         envelopes: list[Envelope] = []
         changes: list[Change] = []
-        for payload in payloads:
+        for i, payload in enumerate(items):
             body, ctype = encode(payload, content_type)
             if len(body) > limit:
                 raise MessageTooLarge(len(body), limit, self.name)
-            msg_id = new_id()
+            msg_id = ids[i] if ids is not None else new_id()
             envelopes.append(
                 Envelope(
                     msg_id=msg_id,
@@ -386,7 +403,9 @@ class Queue:
             )
         if not envelopes:
             return []
-        if self._shared_txn:
+        if ids is not None:
+            self._put_idempotent(audience, envelopes, changes)
+        elif self._shared_txn:
             with self._store.atomic():
                 refs = self._adapter.send(self.name, envelopes)
                 for change, ref in zip(changes, refs, strict=True):
@@ -397,17 +416,101 @@ class Queue:
         self.hub.notify()
         return [e.msg_id for e in envelopes]
 
-    def _put_via_broker(
+    def _check_ids(self, msg_ids: Sequence[str], count: int) -> list[str]:
+        ids = [msg_ids] if isinstance(msg_ids, str) else list(msg_ids)
+        if len(ids) != count:
+            raise InvalidArgument(f"got {len(ids)} msg_ids for {count} payloads; pass one each")
+        for i in ids:
+            if (
+                not isinstance(i, str)
+                or not 0 < len(i) <= _MSG_ID_MAX
+                or any(c.isspace() or c in "/\x00" for c in i)
+            ):
+                raise InvalidArgument(
+                    f"msg_id {i!r} must be a string of 1 to {_MSG_ID_MAX} characters without "
+                    f"whitespace, '/' or NUL; iqbridge.ids.new_id() makes one"
+                )
+        if len(set(ids)) != len(ids):
+            raise InvalidArgument("msg_ids must be distinct within one put")
+        return ids
+
+    def _put_idempotent(
         self, audience: Audience, envelopes: list[Envelope], changes: list[Change]
     ) -> None:
+        # The usual case, none of the ids known yet, costs what a plain put costs; a
+        # creation that meets an existing record fails whole (StaleRecord, nothing
+        # written), and then each message is settled on its own.
+        try:
+            if self._shared_txn:
+                with self._store.atomic():
+                    refs = self._adapter.send(self.name, envelopes)
+                    for change, ref in zip(changes, refs, strict=True):
+                        change.record.native_ref = ref
+                    self._store.commit_many(changes)
+            else:
+                self._put_via_broker(audience, envelopes, changes, withdraw=False)
+            return
+        except StaleRecord:
+            pass
+        for env, change in zip(envelopes, changes, strict=True):
+            change.record.native_ref = None
+            self._put_once(env, change)
+
+    def _put_once(self, env: Envelope, change: Change) -> None:
+        """Create one message unless the index has it; send what the broker lacks."""
+        store = self._store
+        msg_id = change.msg_id
+        for _ in range(_CAS_ATTEMPTS):
+            try:
+                with store.atomic() if self._shared_txn else contextlib.nullcontext():
+                    try:
+                        rec: MessageRecord | None = store.load(msg_id)
+                    except MessageNotFound:
+                        rec = None
+                    if rec is None:
+                        if self._shared_txn:
+                            change.record.native_ref = self._adapter.send(self.name, [env])[0]
+                        store.commit(change)  # StaleRecord: someone created it meanwhile
+            except StaleRecord:
+                continue
+            if rec is None:
+                if not self._shared_txn:
+                    store.set_native_ref(msg_id, self._adapter.send(self.name, [env])[0])
+                return
+            if rec.queue != self.name:
+                raise InvalidArgument(
+                    f"msg_id {msg_id} already names a message of queue {rec.queue!r}, "
+                    f"not {self.name!r}; give each message its own id"
+                )
+            if rec.native_ref is None and not self._shared_txn:
+                # An earlier attempt stopped between the index and the broker. It may also
+                # have stopped after the broker took the entry but before its reference was
+                # recorded; then the broker gets a second entry, which the once-only rule
+                # makes harmless (see _accept).
+                sent = dataclasses.replace(env, put_at=rec.created_at)
+                store.set_native_ref(msg_id, self._adapter.send(self.name, [sent])[0])
+            return
+        raise ConcurrentUpdate(msg_id, _CAS_ATTEMPTS)
+
+    def _put_via_broker(
+        self,
+        audience: Audience,
+        envelopes: list[Envelope],
+        changes: list[Change],
+        *,
+        withdraw: bool = True,
+    ) -> None:
         # Index first: a broker entry must never exist without its record (it would be
-        # adopted as a stranger's message). If the broker then refuses, withdraw.
+        # adopted as a stranger's message). If the broker then refuses, withdraw, unless
+        # the put is idempotent (the caller repeats it, and the repeat sends).
         if self._native:
             self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
         self._store.commit_many(changes)
         try:
             refs = self._adapter.send(self.name, envelopes)
         except IQError as exc:
+            if not withdraw:
+                raise
             why = f"the broker refused the put ({type(exc).__name__})"
             for change in changes:
                 self._apply(change.msg_id, lambda r: engine.withdraw(r, self._now(), why))
@@ -655,6 +758,11 @@ class Queue:
             assert change is not None
             if change.record.native_ref is None:
                 self._store.set_native_ref(rec.msg_id, received.native_ref)
+            elif change.record.native_ref != received.native_ref:
+                # A second broker entry of one message (an idempotent put repeated after
+                # the broker took the first but before its reference was recorded): the
+                # delivery finishes the recorded entry; the group is done with this one.
+                self._broker_call(lambda: ack(self.name, group, [received.native_ref]))
             m = change.record.members[subscriber]
             return Delivery(
                 self, env, subscriber, token, m.attempt, rec.max_attempts, change.record
