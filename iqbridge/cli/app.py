@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from iqbridge.cli import admin, demo, looking, messages, run_worker
+from iqbridge.cli import admin, demo, looking, messages, relay, run_worker
 from iqbridge.cli.context import CommandError, Settings, settings
 from iqbridge.errors import IQError
 from iqbridge.hub import DEFAULT_URL
@@ -155,6 +155,7 @@ app.command("subscribe", rich_help_panel=_ADMIN)(admin.subscribe)
 app.command("queues", rich_help_panel=_ADMIN)(admin.queues)
 app.command("recover", rich_help_panel=_ADMIN)(admin.recover)
 app.command("worker", rich_help_panel=_ADMIN)(run_worker.worker)
+app.command("relay", rich_help_panel=_ADMIN)(relay.relay)
 
 
 def main() -> None:
