@@ -477,12 +477,14 @@ class RedisStore:
         """Records listed in a put-order index, a page per round trip."""
         after = "0"
         while True:
-            rows = self._call(partial(self._page, keys=[index], args=[self.keyspace, after, page]))
+            scanned, last, rows = self._call(
+                partial(self._page, keys=[index], args=[self.keyspace, after, page])
+            )
             for msg_id, v, s, n, r in rows:
                 yield record_from_json(msg_id, r, version=int(v), seq=int(s), native_ref=n)
-            if len(rows) < page:
+            if scanned < page:
                 return
-            after = rows[-1][2]
+            after = last
 
     def journal(self, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
         """Journal entries with seq greater than ``after``, oldest first."""

@@ -27,7 +27,7 @@ import iqbridge
 from iqbridge import engine
 from iqbridge.errors import ConfigurationError, IndexUnavailable
 from iqbridge.ids import new_id, new_token
-from iqbridge.model import Audience, Pool
+from iqbridge.model import Audience, Filter, Pool
 from iqbridge.states import SubscriberState
 from iqbridge.stores.redis import RedisStore
 from iqbridge.testing import FakeClock
@@ -295,3 +295,24 @@ def test_a_put_whose_payload_reference_is_not_yet_indexed_is_not_declared_unusab
         assert queue.get("a") is None
         view = queue.state(change.msg_id).subscribers["a"]
         assert view.reason == "payload missing on the broker"
+
+
+def test_search_pages_through_a_long_index_past_entries_without_a_record(
+    redis_prefix: str, store: RedisStore
+) -> None:
+    queue = "long"
+    changes = [_new(queue, Audience(("a",)), priority=i % 3) for i in range(450)]
+    store.commit_many(changes)
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        # An index entry whose record is gone (say, deleted by hand) is passed over.
+        client.zadd(
+            f"{{iq:{redis_prefix}}}:q:{queue}", {"ghost": (changes[50].record.seq or 0) + 0.5}
+        )
+    finally:
+        client.close()
+    # 100 hits need about 300 records: more than one page (pages are twice the limit).
+    hits = store.search(queue, Filter(priority=2, limit=100))
+    assert [h.msg_id for h in hits] == [c.msg_id for c in changes if c.record.priority == 2][:100]
+    assert len(store.search(queue, Filter(limit=1000))) == 450
+    assert len(store.search(queue, Filter(limit=300))) == 300

@@ -4,15 +4,20 @@
 -- KEYS[1]  the index (ZSET scored by seq)
 -- ARGV     key prefix, seq to start after, page size
 --
--- Returns {{msg_id, version, seq, native_ref or false, record JSON}, ...}.
+-- Returns {scanned, last seq scanned or false, {{msg_id, version, seq, native_ref or
+-- false, record JSON}, ...}}: a page shorter than asked is the end of the index.
 
 local P = ARGV[1]
-local ids = redis.call('ZRANGE', KEYS[1], '(' .. ARGV[2], '+inf', 'BYSCORE', 'LIMIT', 0, ARGV[3])
-local out = {}
-for _, id in ipairs(ids) do
+local page = redis.call('ZRANGE', KEYS[1], '(' .. ARGV[2], '+inf', 'BYSCORE', 'LIMIT', 0,
+  ARGV[3], 'WITHSCORES')
+local rows = {}
+local last = false
+for i = 1, #page, 2 do
+  local id = page[i]
+  last = page[i + 1]
   local f = redis.call('HMGET', P .. 'm:' .. id, 'v', 's', 'n', 'r')
   if f[1] then
-    out[#out + 1] = {id, f[1], f[2], f[3], f[4]}
+    rows[#rows + 1] = {id, f[1], f[2], f[3], f[4]}
   end
 end
-return out
+return {#page / 2, last, rows}
