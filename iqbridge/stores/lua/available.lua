@@ -14,7 +14,10 @@ local now, limit, lock = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local delay_field = 'b:' .. sub
 
 local function claimable(id)
-  local f = redis.call('HMGET', P .. 'm:' .. id, 'x', 'lk', 'lu', delay_field)
+  local f = redis.call('HMGET', P .. 'm:' .. id, 'x', 'lk', 'lu', delay_field, 'v')
+  if not f[5] then
+    return false -- no record (deleted by hand): nothing to claim
+  end
   if f[4] and tonumber(f[4]) > now then
     return false
   end
