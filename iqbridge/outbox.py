@@ -213,16 +213,17 @@ def _translate(exc: sa.exc.SQLAlchemyError, where: str) -> IQError:
 class Outbox:
     """The outbox table in the producer's own database.
 
-    ``engine`` is a SQLAlchemy :class:`~sqlalchemy.engine.Engine` or a database URL
-    (``postgresql://``, ``mysql://``/``mariadb://``, ``sqlite:///``; iqbridge's drivers
-    are chosen for them). ``table`` and ``schema`` name the outbox table; ``publisher``
+    ``engine`` is a SQLAlchemy :class:`~sqlalchemy.engine.Engine` (share the one your
+    application uses) or a database URL (``postgresql://``, ``mysql://``/``mariadb://``,
+    ``sqlite:///``; iqbridge's drivers are chosen for them, and the outbox makes and
+    owns an engine). ``table`` and ``schema`` name the outbox table; ``publisher``
     is stamped on rows put without one; ``max_bytes`` refuses larger payloads at once,
     inside the business transaction.
     """
 
     def __init__(
         self,
-        engine: sa.engine.Engine | str,
+        engine: sa.engine.Engine | sa.engine.URL | str,
         *,
         table: str = "iq_outbox",
         schema: str | None = None,
@@ -230,6 +231,8 @@ class Outbox:
         max_bytes: int = _DEFAULT_MAX_BYTES,
         clock: Callable[[], float] | None = None,
     ) -> None:
+        if isinstance(engine, sa.engine.URL):
+            engine = engine.render_as_string(hide_password=False)
         if isinstance(engine, str):
             url = _sql_url(engine)
             try:

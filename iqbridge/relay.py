@@ -232,25 +232,28 @@ class Relay:
 
         ``once=True`` relays what is pending and returns (a failure is raised).
         ``until_idle`` returns after that many seconds without a pending row. Broker,
-        index and outbox connection failures are logged and retried with backoff
-        (1 s doubling up to ``max_backoff``); other errors end the run.
+        index and outbox connection failures are raised if the first round fails (a
+        wrong URL, a server that is not there), and after that logged and retried with
+        backoff (1 s doubling up to ``max_backoff``); other errors end the run.
         """
         self._stop.clear()
         idle_since = time.monotonic()
-        backoff = 1.0
+        backoff = first_backoff = min(1.0, self.max_backoff)
+        started = False
         while not self._stop.is_set():
             try:
                 result = self.run_once()
             except TRANSIENT as exc:
                 self.stats.failures += 1
                 self.stats.last_error = str(exc)
-                if once:
+                if once or not started:
                     raise
                 log.warning("relay round failed, retrying in %.0f s: %s", backoff, exc)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.max_backoff)
                 continue
-            backoff = 1.0
+            backoff = first_backoff
+            started = True
             self.stats.last_error = None
             if result.read:
                 idle_since = time.monotonic()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated
 from urllib.parse import urlsplit
 
@@ -26,6 +28,34 @@ def _password(url: str | None) -> str | None:
     with contextlib.suppress(ValueError):
         return urlsplit(url).password if url else None
     return None
+
+
+class _OneLine(logging.Handler):
+    """Relay log records as one line each on stderr: parked rows, retried rounds."""
+
+    def __init__(self, cfg: Settings, secret: str | None) -> None:
+        super().__init__(logging.WARNING)
+        self.cfg = cfg
+        self.secret = secret
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = " ".join(record.getMessage().split())
+        if self.secret:
+            text = text.replace(self.secret, "***")
+        for other in self.cfg.secrets():
+            text = text.replace(other, "***")
+        kind = "parked" if record.levelno >= logging.ERROR else "warning"
+        self.cfg.err.print(f"iq: {kind}: {escape(text)}", soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _log_to(handler: logging.Handler) -> Iterator[None]:
+    logger = logging.getLogger("iqbridge.relay")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def _describe(stats: RelayStats, pending: int | None, error: str | None) -> str:
@@ -95,7 +125,7 @@ def relay(
             if retry_parked:
                 cfg.err.print(f"{outbox.retry_parked()} parked row(s) made pending again")
             runner = Relay(outbox, hub, batch=batch, poll=poll_s)
-            with stop_on_signals(runner):
+            with stop_on_signals(runner), _log_to(_OneLine(cfg, secret)):
                 stats = _run(cfg, outbox, runner, once=once, until_idle=idle_s)
     except (IQError, CommandError) as exc:
         text = str(exc)
@@ -104,11 +134,10 @@ def relay(
         raise CommandError(text) from exc
     if stats.parked:
         cfg.err.print(
-            f"{stats.parked} row(s) parked: see the lines above; fix them, then "
-            f"iq relay --retry-parked"
+            f"{stats.parked} row(s) parked (see above): fix them, then iq relay --retry-parked"
         )
     cfg.out.print(
-        f"relayed {stats.relayed} row(s), parked {stats.parked}, in {stats.elapsed:.1f} s"
+        f"relayed {stats.relayed} row(s), parked {stats.parked}, in {stats.elapsed:.2f} s"
     )
 
 
@@ -147,17 +176,6 @@ def _run(
             ticks += 1
             stats = runner.stats
             progress.update(task, counts=_describe(stats, pending, stats.last_error))
-    for line in _parked_lines(runner):
-        cfg.err.print(escape(line), soft_wrap=True)
     if failure:
         raise failure[0]
     return outcome[0]
-
-
-def _parked_lines(runner: Relay) -> list[str]:
-    if not runner.stats.parked:
-        return []
-    return [
-        f"iq: parked: row {p.seq} (msg_id {p.msg_id}, queue {p.queue}): {p.error}"
-        for p in runner.outbox.parked(limit=50)
-    ]

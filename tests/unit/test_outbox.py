@@ -408,6 +408,51 @@ def test_run_stops_on_stop_and_relays_what_arrives(outbox: Outbox, hub: iqbridge
     assert relay.stats.relayed == 1
 
 
+def test_a_failure_after_the_first_round_is_retried(outbox: Outbox) -> None:
+    with iqbridge.connect("memory://") as hub:
+        with outbox.engine.begin() as conn:
+            first = order(outbox, conn, 1)
+        real = hub.adapter.send
+        calls = [0]
+
+        def flaky(queue: str, envelopes: list[iqbridge.Envelope]) -> list[str]:
+            calls[0] += 1
+            if calls[0] in (2, 3):
+                raise BrokerUnavailable("broker restarting")
+            return real(queue, envelopes)
+
+        hub.adapter.send = flaky  # type: ignore[method-assign]
+        relay = Relay(outbox, hub, poll=0.01, max_backoff=0.01)
+        thread = threading.Thread(target=relay.run)
+        thread.start()
+        try:
+            q = hub.queue("orders")
+            assert q.get("billing", timeout=5) is not None
+            with outbox.engine.begin() as conn:
+                second = order(outbox, conn, 2)
+            delivery = q.get("billing", timeout=5)
+            assert delivery is not None and delivery.msg_id == second
+        finally:
+            relay.stop()
+            thread.join(5)
+        assert (relay.stats.relayed, relay.stats.failures, relay.stats.last_error) == (2, 2, None)
+        assert first != second
+
+
+def test_a_failure_in_the_first_round_is_raised(outbox: Outbox) -> None:
+    with iqbridge.connect("memory://") as hub:
+        with outbox.engine.begin() as conn:
+            order(outbox, conn, 1)
+
+        def down(queue: str, envelopes: list[iqbridge.Envelope]) -> list[str]:
+            raise BrokerUnavailable("no broker here")
+
+        hub.adapter.send = down  # type: ignore[method-assign]
+        with pytest.raises(BrokerUnavailable, match="no broker here"):
+            Relay(outbox, hub).run()
+        assert outbox.counts().pending == 1
+
+
 def test_until_idle_returns(outbox: Outbox, hub: iqbridge.Hub) -> None:
     stats = Relay(outbox, hub, poll=0.01).run(until_idle=0.05)
     assert (stats.relayed, stats.rounds > 1) == (0, True)
