@@ -220,6 +220,8 @@ class Relay:
                     self._publish([row], relayed, parked)
                 return
             row = group[0]
+            # Reopen the queue next time: its cached subscriptions may be what was wrong.
+            self._queues.pop(row.queue, None)
             why = f"{type(exc).__name__}: {exc}"
             parked.append(MalformedOutboxRow(row.seq, row.msg_id, self.outbox.name, why))
             return
