@@ -290,8 +290,8 @@ class Outbox:
                     if self._exists():
                         self._ready = True
                         return
-                except sa.exc.SQLAlchemyError as again:
-                    last = again
+                except sa.exc.SQLAlchemyError as again:  # cannot even look: give up now
+                    raise _translate(again, f"{self.url} (creating {self.name})") from again
                 time.sleep(0.05 * (attempt + 1))
         assert last is not None
         raise _translate(last, f"{self.url} (creating {self.name})") from last
