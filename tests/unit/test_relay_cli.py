@@ -118,3 +118,10 @@ def test_sigterm_stops_after_the_round(app_db: str, broker: str, tmp_path: Path)
             proc.wait()
     assert proc.returncode == 0, err
     assert "relayed 25 row(s), parked 0" in out
+
+
+def test_until_idle_exits_after_relaying(app_db: str, broker: str) -> None:
+    fill(app_db, 7)
+    result = relay("--outbox", app_db, "--url", broker, "--until-idle", "100ms", "--poll", "10ms")
+    assert result.exit_code == 0, result.output
+    assert "relayed 7 row(s), parked 0" in result.stdout
