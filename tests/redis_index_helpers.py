@@ -48,3 +48,14 @@ def fresh_prefix(label: str = "test") -> Iterator[str]:
         yield prefix
     finally:
         drop_keys(prefix)
+
+
+def drop_streams(prefix: str) -> None:
+    """Delete the streams (and dead-letter streams) whose keys start with ``prefix``."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+    finally:
+        client.close()

@@ -1,0 +1,477 @@
+"""Redis Streams: ``redis://[[user]:password@]host[:port][/db][?options]`` or ``rediss://``.
+
+Native mapping (see docs/adapters/redis.md):
+
+* a queue is a stream whose key is the queue name (``stream_prefix`` + name), so an
+  iqbridge queue and an existing stream of the same name are one and the same;
+* pubsub: one consumer group per subscriber; a pool: one group whose members are its
+  consumers and compete; groups are created at id ``0`` so they see earlier entries;
+* receive: ``XREADGROUP``; with ``min_idle``, ``XAUTOCLAIM`` first takes entries left idle
+  by a crashed consumer; DONE is ``XACK``; UNUSABLE is ``XACK`` plus ``XADD`` to the
+  dead-letter stream ``<stream>:dead`` in one ``MULTI``;
+* requeue (Redis has none): the entry is ``XCLAIM``-ed to the reserved consumer
+  ``iq-requeue`` of the group; every receive hands that consumer's entries out first;
+* nothing is trimmed: entries stay after ``XACK`` until the index purges journalled
+  messages (``XDEL``); never ``MAXLEN``.
+
+Wire format: the payload bytes unchanged in the field ``payload``; the envelope in
+``iq-*`` fields (``iq-id``, ``iq-ct``, ``iq-pub``, ``iq-corr``, ``iq-prio``, ``iq-key``,
+``iq-parents``, ``iq-at``, and each header as ``iq-h-<name>``), so a consumer that knows
+nothing of iqbridge reads ``payload`` as before. An entry without ``iq-id`` (a legacy
+producer's ``XADD``) is adopted: its msg_id is derived from the stream and entry id, its
+payload is the ``payload`` field if there is one, else the value of its only field, else
+all its fields as a JSON object (``application/json``).
+
+Options: ``prefix`` (the Redis index store's key prefix, default ``default``),
+``stream_prefix`` (prepended to queue names to form stream keys, default none),
+``retry_for`` (seconds to keep retrying a broken connection with backoff, default 30),
+``socket_timeout`` and ``socket_connect_timeout`` (seconds, default 10 and 5). Its default
+index is the Redis index store on the same server and database.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+    wait_random,
+)
+
+from iqbridge.adapter import Capabilities
+from iqbridge.errors import BrokerUnavailable, ConfigurationError, IQError
+from iqbridge.ids import adopted_id
+from iqbridge.model import Envelope, Received
+from iqbridge.stores.redis import RedisStore
+
+__all__ = ["REQUEUE_CONSUMER", "RedisStreamsAdapter", "decode_fields", "encode_fields"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The reserved consumer that holds entries given back to a group until someone reads them.
+REQUEUE_CONSUMER = "iq-requeue"
+
+_OPTIONS = frozenset(
+    {"prefix", "stream_prefix", "retry_for", "socket_timeout", "socket_connect_timeout"}
+)
+#: Options the index store reads too (passed on to its URL).
+_INDEX_OPTIONS = frozenset({"prefix", "socket_timeout", "socket_connect_timeout"})
+#: Redis refuses a bulk string over 512 MB; leave room for the envelope fields.
+_MAX_PAYLOAD = 512 * 1024 * 1024 - 64 * 1024
+
+_PAYLOAD = b"payload"
+_H = "iq-h-"
+
+
+def _transient(exc: BaseException) -> bool:
+    """A dropped connection or a timeout (worth another try); a refused login is not."""
+    return isinstance(exc, RedisConnectionError | RedisTimeoutError) and not isinstance(
+        exc, AuthenticationError
+    )
+
+
+def encode_fields(env: Envelope) -> dict[str, bytes | str]:
+    """The stream entry for an envelope: the payload unchanged in ``payload``."""
+    fields: dict[str, bytes | str] = {
+        "payload": env.body,
+        "iq-id": env.msg_id,
+        "iq-ct": env.content_type,
+        "iq-pub": env.publisher,
+        "iq-prio": str(env.priority),
+        "iq-at": str(env.put_at),
+    }
+    if env.correlation_id is not None:
+        fields["iq-corr"] = env.correlation_id
+    if env.ordering_key:
+        fields["iq-key"] = env.ordering_key
+    if env.parents:
+        fields["iq-parents"] = json.dumps(list(env.parents))
+    for name, value in env.headers.items():
+        fields[f"{_H}{name}"] = value
+    return fields
+
+
+def decode_fields(stream: str, ref: str, raw: dict[bytes, bytes]) -> tuple[Envelope, bool]:
+    """The envelope of a stream entry, and whether it was adopted (no ``iq-id``)."""
+    text = {k.decode("utf-8", "replace"): v for k, v in raw.items()}
+    msg_id = text.get("iq-id")
+    if msg_id is None:
+        return _adopt(stream, ref, raw), True
+
+    def field(name: str, default: str = "") -> str:
+        value = text.get(name)
+        return value.decode("utf-8", "replace") if value is not None else default
+
+    try:
+        priority = int(field("iq-prio", "4"))
+        put_at = int(field("iq-at", "0"))
+        parents = tuple(json.loads(field("iq-parents", "[]")))
+    except (ValueError, TypeError):
+        priority, put_at, parents = 4, 0, ()
+    env = Envelope(
+        msg_id=msg_id.decode("utf-8", "replace"),
+        body=raw.get(_PAYLOAD, b""),
+        content_type=field("iq-ct", "application/octet-stream"),
+        headers={
+            k[len(_H) :]: v.decode("utf-8", "replace") for k, v in text.items() if k.startswith(_H)
+        },
+        publisher=field("iq-pub"),
+        correlation_id=text["iq-corr"].decode("utf-8", "replace") if "iq-corr" in text else None,
+        priority=priority,
+        ordering_key=field("iq-key"),
+        parents=tuple(str(p) for p in parents),
+        put_at=put_at,
+    )
+    return env, False
+
+
+def _adopt(stream: str, ref: str, raw: dict[bytes, bytes]) -> Envelope:
+    """A legacy producer's entry: payload from ``payload``, its only field, or all fields."""
+    if _PAYLOAD in raw:
+        body, ctype = raw[_PAYLOAD], "application/octet-stream"
+    elif len(raw) == 1:
+        body, ctype = next(iter(raw.values())), "application/octet-stream"
+    else:
+        obj = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in raw.items()}
+        body, ctype = json.dumps(obj, sort_keys=True).encode(), "application/json"
+    return Envelope(
+        msg_id=adopted_id("redis-streams", stream, ref),
+        body=body,
+        content_type=ctype,
+        publisher="(legacy)",
+    )
+
+
+class RedisStreamsAdapter:
+    """Adapter over Redis Streams and consumer groups."""
+
+    capabilities = Capabilities(
+        native_groups=True,
+        read_by_ref=True,
+        retains_after_ack=True,
+        native_priority=False,
+        max_payload_bytes=_MAX_PAYLOAD,
+    )
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        url: str,
+        index_url: str,
+        stream_prefix: str = "",
+        retry_for: float = 30.0,
+    ) -> None:
+        from iqbridge.registry import redact
+
+        self._r = client
+        self.url = redact(url)
+        self._index_url = index_url
+        self.stream_prefix = stream_prefix
+        self.retry_for = retry_for
+        self._groups: set[tuple[str, str]] = set()
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStreamsAdapter:
+        """Connect to the server a ``redis://`` or ``rediss://`` URL names; check it answers."""
+        from iqbridge.registry import redact
+
+        safe = redact(url)
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss"):
+            raise ConfigurationError(f"not a Redis URL: {safe!r}; write redis://host:6379/0")
+        opts = dict(parse_qsl(parts.query, keep_blank_values=True))
+        unknown = set(opts) - _OPTIONS
+        if unknown:
+            raise ConfigurationError(
+                f"unknown Redis Streams option(s) {sorted(unknown)} in {safe}; known: "
+                f"{', '.join(sorted(_OPTIONS))}"
+            )
+        path = parts.path.strip("/")
+        if path and not path.isdigit():
+            raise ConfigurationError(
+                f"Redis URL {safe}: the path must be a database number (/0 to /15), not {path!r}"
+            )
+
+        def number(name: str, default: float) -> float:
+            try:
+                value = float(opts.get(name, default))
+            except ValueError:
+                value = -1.0
+            if value < 0:
+                raise ConfigurationError(
+                    f"Redis URL {safe}: {name} must be a number of seconds >= 0, "
+                    f"not {opts.get(name)!r}"
+                )
+            return value
+
+        driver_url = urlunsplit(parts._replace(query="", fragment=""))
+        index_query = urlencode({k: v for k, v in opts.items() if k in _INDEX_OPTIONS})
+        index_url = urlunsplit(parts._replace(query=index_query, fragment=""))
+        try:
+            client = redis.Redis.from_url(
+                driver_url,
+                socket_timeout=number("socket_timeout", 10.0),
+                socket_connect_timeout=number("socket_connect_timeout", 5.0),
+                retry=Retry(NoBackoff(), 0),  # retries are ours (tenacity), with backoff
+            )
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"Redis URL {safe}: {exc}") from exc
+        adapter = cls(
+            client,
+            url=url,
+            index_url=index_url,
+            stream_prefix=opts.get("stream_prefix", ""),
+            retry_for=number("retry_for", 30.0),
+        )
+        try:
+            adapter._once(client.ping)  # fail fast at start: no long retry
+        except BaseException:
+            client.close()
+            raise
+        return adapter
+
+    def default_index(self) -> RedisStore:
+        """The Redis index store on the same server and database."""
+        return RedisStore.from_url(self._index_url)
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def key(self, queue: str) -> str:
+        """The stream key of a queue."""
+        return f"{self.stream_prefix}{queue}"
+
+    def _unavailable(self, exc: RedisError, tried: str = "") -> IQError:
+        if isinstance(exc, AuthenticationError):
+            return BrokerUnavailable(
+                f"Redis at {self.url} refused the login ({exc}); check the user name and "
+                f"password in the broker URL"
+            )
+        if _transient(exc):
+            return BrokerUnavailable(
+                f"cannot reach Redis at {self.url} ({type(exc).__name__}: {exc}{tried}); "
+                f"check that Redis is running there and that the URL's host, port and "
+                f"database are right"
+            )
+        return BrokerUnavailable(
+            f"Redis at {self.url} failed a command ({type(exc).__name__}: {exc}); check that "
+            f"the server is a writable Redis 6.2 or later primary"
+        )
+
+    def _once(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except RedisError as exc:
+            raise self._unavailable(exc) from exc
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """``fn()``, retried with exponential backoff on a dropped connection or timeout,
+        for up to ``retry_for`` seconds (a server restart is ridden out)."""
+        try:
+            return fn()
+        except RedisError as exc:
+            if not _transient(exc) or self.retry_for <= 0:
+                raise self._unavailable(exc) from exc
+            log.warning("Redis at %s: %s; reconnecting", self.url, exc)
+        retrying = Retrying(
+            retry=retry_if_exception(_transient),
+            stop=stop_after_delay(self.retry_for),
+            wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05),
+            before_sleep=before_sleep_log(log, logging.WARNING),
+            reraise=True,
+        )
+        try:
+            return retrying(fn)
+        except RedisError as exc:
+            raise self._unavailable(exc, f"; retried for {self.retry_for:g} s") from exc
+
+    def _ensure_group(self, key: str, group: str) -> None:
+        if (key, group) in self._groups:
+            return
+
+        def create() -> None:
+            try:
+                self._r.xgroup_create(key, group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+        self._call(create)
+        self._groups.add((key, group))
+
+    # --- the Adapter protocol ----------------------------------------------------------
+
+    def declare(self, queue: str, groups: Sequence[str]) -> None:
+        """Create the consumer groups (at id 0, creating the stream) if missing."""
+        key = self.key(queue)
+        for group in groups:
+            self._ensure_group(key, group)
+
+    def send(self, queue: str, envelopes: Sequence[Envelope]) -> list[str]:
+        """``XADD`` each envelope, in order, in one round trip; return the entry ids.
+
+        A retry after a lost reply may add an entry twice; the facade acknowledges the
+        second entry of a message it already delivers (once-only) instead of delivering it.
+        """
+        key = self.key(queue)
+
+        def add() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            for env in envelopes:
+                pipe.xadd(key, encode_fields(env))  # type: ignore[arg-type]
+            return pipe.execute()
+
+        return [_text(ref) for ref in self._call(add)]
+
+    def receive(
+        self,
+        queue: str,
+        group: str,
+        consumer: str,
+        *,
+        count: int,
+        timeout: float,
+        min_idle: float | None = None,
+    ) -> list[Received]:
+        """Requeued entries first, then idle ones (with ``min_idle``), then new ones."""
+        key = self.key(queue)
+        self._ensure_group(key, group)
+        out = self._requeued(key, group, consumer, count)
+        if min_idle is not None and len(out) < count:
+            out += self._idle(key, group, consumer, count - len(out), min_idle)
+        if len(out) < count:
+            block = int(timeout * 1000) if timeout > 0 else None
+            reply: Any = self._call(
+                lambda: self._r.xreadgroup(
+                    group, consumer, {key: ">"}, count=count - len(out), block=block
+                )
+            )
+            for _stream, entries in reply or []:
+                out += self._received(key, group, entries, 1)
+        return out
+
+    def _received(
+        self, key: str, group: str, entries: Sequence[Any], delivered: int
+    ) -> list[Received]:
+        out = []
+        for ref, fields in entries:
+            if fields is None:  # deleted from the stream while pending
+                continue
+            env, adopted = decode_fields(key, _text(ref), fields)
+            out.append(Received(_text(ref), group, env, adopted=adopted, delivery_count=delivered))
+        return out
+
+    def _requeued(self, key: str, group: str, consumer: str, count: int) -> list[Received]:
+        def take() -> list[Any]:
+            pending = self._r.xpending_range(
+                key, group, min="-", max="+", count=count, consumername=REQUEUE_CONSUMER
+            )
+            if not pending:
+                return []
+            ids: list[Any] = [p["message_id"] for p in pending]
+            claimed: list[Any] = self._r.xclaim(key, group, consumer, 0, ids)
+            return claimed
+
+        return self._received(key, group, self._call(take), 2)
+
+    def _idle(
+        self, key: str, group: str, consumer: str, count: int, min_idle: float
+    ) -> list[Received]:
+        idle_ms = max(int(min_idle * 1000), 1)
+
+        def take() -> list[Any]:
+            reply = self._r.xautoclaim(key, group, consumer, idle_ms, "0-0", count=count)
+            claimed: list[Any] = reply[1]
+            return claimed
+
+        return self._received(key, group, self._call(take), 2)
+
+    def ack(self, queue: str, group: str, refs: Sequence[str]) -> None:
+        """``XACK``: the group is finished with these entries."""
+        if refs:
+            key = self.key(queue)
+            self._call(lambda: self._r.xack(key, group, *refs))
+
+    def requeue(self, queue: str, group: str, ref: str) -> None:
+        """Hand a pending entry to the reserved requeue consumer; the next receive of the
+        group takes it first. An entry no longer pending is left alone."""
+        key = self.key(queue)
+        self._call(lambda: self._r.xclaim(key, group, REQUEUE_CONSUMER, 0, [ref], justid=True))
+
+    def redeliver(self, queue: str, group: str, ref: str) -> None:
+        """Make the group deliver an entry again even if it was acknowledged (``XCLAIM
+        FORCE``): what a consumer crash before its ack looks like. For tests and repair."""
+        key = self.key(queue)
+        self._call(
+            lambda: self._r.xclaim(key, group, REQUEUE_CONSUMER, 0, [ref], force=True, justid=True)
+        )
+
+    def dead_letter(self, queue: str, group: str, ref: str, reason: str) -> None:
+        """``XACK`` and ``XADD`` to ``<stream>:dead`` with the reason, in one ``MULTI``."""
+        key = self.key(queue)
+
+        def park() -> None:
+            pipe = self._r.pipeline(transaction=True)
+            pipe.xadd(f"{key}:dead", {"ref": ref, "group": group, "reason": reason})
+            pipe.xack(key, group, ref)
+            pipe.execute()
+
+        self._call(park)
+
+    def dead_letters(self, queue: str, count: int = 100) -> list[dict[str, str]]:
+        """The latest entries of the queue's dead-letter stream (for admin and tests)."""
+        key = f"{self.key(queue)}:dead"
+        rows: Any = self._call(lambda: self._r.xrevrange(key, count=count))
+        return [
+            {_text(k): _text(v) for k, v in fields.items()} | {"id": _text(ref)}
+            for ref, fields in rows
+        ]
+
+    def read(self, queue: str, ref: str) -> Envelope | None:
+        """The envelope of one entry (``XRANGE ref ref``), or None if it was deleted."""
+        key = self.key(queue)
+        rows: Any = self._call(lambda: self._r.xrange(key, ref, ref))
+        if not rows:
+            return None
+        return decode_fields(key, ref, rows[0][1])[0]
+
+    def delete(self, queue: str, refs: Sequence[str]) -> None:
+        """``XDEL`` entries (purge of journalled messages)."""
+        if refs:
+            key = self.key(queue)
+            self._call(lambda: self._r.xdel(key, *refs))
+
+    def pending(self, queue: str, group: str) -> dict[str, str]:
+        """Pending entries of a group: entry id -> consumer (for tests and admin)."""
+        key = self.key(queue)
+        rows = self._call(
+            lambda: self._r.xpending_range(key, group, min="-", max="+", count=10_000)
+        )
+        return {_text(p["message_id"]): _text(p["consumer"]) for p in rows}
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self._r.close()
+
+    def __repr__(self) -> str:
+        return f"<RedisStreamsAdapter {self.url}>"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
