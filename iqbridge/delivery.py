@@ -141,9 +141,27 @@ class Delivery:
         """FETCHED -> IN_PROCESS."""
         self._moved(self._queue._process(self.msg_id, self.subscriber, self._token, self._record))
 
-    def done(self) -> None:
-        """-> DONE (and JOURNALLED): never delivered to this subscriber again."""
-        self._moved(self._queue._done(self.msg_id, self.subscriber, self._token, self._record))
+    def done(self, transaction: object = None) -> None:
+        """-> DONE (and JOURNALLED): never delivered to this subscriber again.
+
+        ``transaction``: a :meth:`Queue.transaction <iqbridge.Queue.transaction>` or a
+        SQLAlchemy ``Connection`` on the database of the hub's SQL index. DONE is then
+        written in that transaction and commits or rolls back with your own rows
+        (exactly-once); until it commits the delivery stays held under its lease.
+        """
+        if transaction is None:
+            self._moved(self._queue._done(self.msg_id, self.subscriber, self._token, self._record))
+            return
+        before = (self._record, self.state)
+
+        def undo() -> None:
+            self._record, self.state = before
+
+        self._moved(
+            self._queue._done(
+                self.msg_id, self.subscriber, self._token, self._record, transaction, undo
+            )
+        )
 
     def unusable(self, reason: str) -> None:
         """-> UNUSABLE (and JOURNALLED) with the reason; the publisher may re-reveal it."""

@@ -54,6 +54,7 @@ from iqbridge.states import (
     SubscriberState,
 )
 from iqbridge.stores.base import StaleRecord
+from iqbridge.transaction import Transaction, join
 
 if TYPE_CHECKING:
     from iqbridge.hub import Hub
@@ -812,24 +813,54 @@ class Queue:
         return change
 
     def _done(
-        self, msg_id: str, subscriber: str, token: str | None, hint: MessageRecord | None = None
+        self,
+        msg_id: str,
+        subscriber: str,
+        token: str | None,
+        hint: MessageRecord | None = None,
+        transaction: object = None,
+        on_rollback: Callable[[], None] | None = None,
     ) -> Change:
-        change = self._apply(
-            msg_id,
-            lambda r: engine.done(
-                r, subscriber, token, self._now(), auto_journal=self.auto_journal
-            ),
-            hint,
-        )
+        def op(r: MessageRecord) -> Change:
+            return engine.done(r, subscriber, token, self._now(), auto_journal=self.auto_journal)
+
+        if transaction is None:
+            change = self._apply(msg_id, op, hint)
+        else:
+            # In the application's transaction: DONE commits (or not) with its rows, and
+            # the broker hears of it only after the commit.
+            with join(self._store, transaction) as binding:
+                change = self._apply(msg_id, op, hint)
+                if on_rollback is not None:
+                    binding.on_rollback(on_rollback)
         assert change is not None
         rec = change.record
         if self._native and rec.native_ref:
-            self._broker_call(
-                lambda: self._adapter.ack(
-                    self.name, self._group_of(rec, subscriber), [rec.native_ref or ""]
+
+            def ack() -> None:
+                self._broker_call(
+                    lambda: self._adapter.ack(
+                        self.name, self._group_of(rec, subscriber), [rec.native_ref or ""]
+                    )
                 )
-            )
+
+            if transaction is None:
+                ack()
+            else:
+                binding.after_commit(ack)
         return change
+
+    def transaction(self, connection: object) -> Transaction:
+        """A transaction of your own database for :meth:`Delivery.done(transaction=...)
+        <iqbridge.Delivery.done>`: DONE commits together with your rows (exactly-once).
+
+        ``connection`` is a SQLAlchemy ``Engine`` or ``Connection`` on the database that
+        holds this hub's SQL index. Use it as a context manager: it begins, commits on a
+        clean exit (then acknowledges finished deliveries on the broker) and rolls back
+        on an exception. Raises ConfigurationError if the index is not a SQL store and
+        InvalidArgument if the connection does not reach the index's tables.
+        """
+        return Transaction(self, connection)
 
     def _unusable(
         self,
