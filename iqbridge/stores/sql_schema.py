@@ -107,6 +107,13 @@ def _number(opts: dict[str, str], name: str, default: float, redacted: str) -> f
     return value
 
 
+def _redact(url: str) -> str:
+    try:
+        return redact(url)
+    except ValueError:  # urllib refuses the port: say nothing of the rest either
+        return url.split("://", 1)[0] + "://<unparseable URL>"
+
+
 def parse_sql_url(url: str) -> SqlOptions:
     """Split an index URL into the SQLAlchemy URL for the installed driver and options.
 
@@ -118,7 +125,7 @@ def parse_sql_url(url: str) -> SqlOptions:
     the file's write lock, default 30 s). Any other option goes to the driver as it is
     (``sslmode=require``, ``charset=utf8mb4`` ...).
     """
-    redacted = redact(url)
+    redacted = _redact(url)
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme not in _DRIVERS:
         raise ConfigurationError(
