@@ -246,6 +246,42 @@ def test_the_broker_is_acknowledged_after_the_commit(
         assert nxt is not None and nxt.msg_id == second
 
 
+@pytest.mark.redis
+@pytest.mark.postgres
+def test_redis_streams_is_acknowledged_only_after_the_commit(tmp_path: Path) -> None:
+    from tests.redis_index_helpers import REDIS_URL, drop_streams, fresh_prefix
+
+    with (
+        fresh_schema(PG_URL, "PostgreSQL at 127.0.0.1:5432", "iqeo") as index,
+        fresh_prefix("eo") as prefix,
+    ):
+        app = sa.create_engine(sa_url(PG_URL))
+        try:
+            with iqbridge.connect(f"{REDIS_URL}?stream_prefix={prefix}:", index=index) as hub:
+                q = hub.queue("orders")
+                q.subscribe("billing")
+                msg_id = q.put(b"one")
+                d = q.get("billing")
+                assert d is not None and d.msg_id == msg_id
+                ref = hub.store.load(msg_id).native_ref
+                pending, flush = hub.adapter.pending, hub.adapter.flush  # Redis Streams' own
+                with pytest.raises(RuntimeError), q.transaction(app) as tx:
+                    d.done(transaction=tx)
+                    raise RuntimeError("rolled back")
+                flush()
+                assert set(pending("orders", "billing")) == {ref}
+                with q.transaction(app) as tx:
+                    d.done(transaction=tx)
+                    flush()
+                    assert set(pending("orders", "billing")) == {ref}  # not before the commit
+                flush()
+                assert pending("orders", "billing") == {}
+                assert q.state(msg_id).subscribers["billing"].state is S.JOURNALLED
+        finally:
+            app.dispose()
+            drop_streams(f"{prefix}:")
+
+
 # --- the crash test ----------------------------------------------------------------------
 
 N_MESSAGES = 10_000
