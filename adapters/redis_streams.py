@@ -33,6 +33,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -68,7 +71,14 @@ T = TypeVar("T")
 REQUEUE_CONSUMER = "iq-requeue"
 
 _OPTIONS = frozenset(
-    {"prefix", "stream_prefix", "retry_for", "socket_timeout", "socket_connect_timeout"}
+    {
+        "prefix",
+        "stream_prefix",
+        "retry_for",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "read_ahead",
+    }
 )
 #: Options the index store reads too (passed on to its URL).
 _INDEX_OPTIONS = frozenset({"prefix", "socket_timeout", "socket_connect_timeout"})
@@ -77,6 +87,65 @@ _MAX_PAYLOAD = 512 * 1024 * 1024 - 64 * 1024
 
 _PAYLOAD = b"payload"
 _H = "iq-h-"
+
+#: One round trip per receive: entries given back to the group (held by the reserved
+#: requeue consumer) first, then entries idle for ``min_idle`` (a crashed consumer's),
+#: then new ones. Entries addressed (``iq-to``) to other groups only are acknowledged for
+#: this group on the way and never leave the server. Returns [id, fields, how] triples,
+#: how = 1 for a first delivery, 2 for a redelivery.
+_RECEIVE = """
+local key, group, consumer = KEYS[1], ARGV[1], ARGV[2]
+local count, idle, requeue, scan = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local out = {}
+if #ARGV > 6 then
+  redis.call('XACK', key, group, unpack(ARGV, 7))
+end
+local function addressed(fields)
+  for i = 1, #fields, 2 do
+    if fields[i] == 'iq-to' then
+      return string.find(' ' .. fields[i + 1] .. ' ', ' ' .. group .. ' ', 1, true) ~= nil
+    end
+  end
+  return true
+end
+local function take(entries, how)
+  for _, e in ipairs(entries) do
+    local fields = e[2]
+    if type(fields) == 'table' then
+      if addressed(fields) then
+        out[#out + 1] = {e[1], fields, how}
+      else
+        redis.call('XACK', key, group, e[1])
+      end
+    end
+  end
+end
+local pending = redis.call('XPENDING', key, group, '-', '+', count, requeue)
+if #pending > 0 then
+  local ids = {}
+  for i, row in ipairs(pending) do ids[i] = row[1] end
+  take(redis.call('XCLAIM', key, group, consumer, 0, unpack(ids)), 2)
+end
+if idle > 0 and #out < count then
+  take(redis.call('XAUTOCLAIM', key, group, consumer, idle, '0-0', 'COUNT', count - #out)[2], 2)
+end
+local scanned = 0
+while #out < count and scanned < scan do
+  local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count - #out,
+    'STREAMS', key, '>')
+  if not reply then break end
+  local entries = reply[1][2]
+  if #entries == 0 then break end
+  scanned = scanned + #entries
+  take(entries, 1)
+end
+return out
+"""
+#: How many entries addressed to other groups one receive passes over at most.
+_SCAN = 256
+#: Acknowledgements held back at most this many, or this many seconds, then sent.
+_ACK_BATCH = 64
+_ACK_DELAY = 0.5
 
 
 def _transient(exc: BaseException) -> bool:
@@ -102,6 +171,8 @@ def encode_fields(env: Envelope) -> dict[str, bytes | str]:
         fields["iq-key"] = env.ordering_key
     if env.parents:
         fields["iq-parents"] = json.dumps(list(env.parents))
+    if env.groups:
+        fields["iq-to"] = " ".join(env.groups)
     for name, value in env.headers.items():
         fields[f"{_H}{name}"] = value
     return fields
@@ -137,6 +208,7 @@ def decode_fields(stream: str, ref: str, raw: dict[bytes, bytes]) -> tuple[Envel
         ordering_key=field("iq-key"),
         parents=tuple(str(p) for p in parents),
         put_at=put_at,
+        groups=tuple(field("iq-to").split()),
     )
     return env, False
 
@@ -177,6 +249,7 @@ class RedisStreamsAdapter:
         index_url: str,
         stream_prefix: str = "",
         retry_for: float = 30.0,
+        read_ahead: int = 16,
     ) -> None:
         from iqbridge.registry import redact
 
@@ -186,6 +259,14 @@ class RedisStreamsAdapter:
         self.stream_prefix = stream_prefix
         self.retry_for = retry_for
         self._groups: set[tuple[str, str]] = set()
+        self._receive = client.register_script(_RECEIVE)
+        self.read_ahead = max(read_ahead, 1)
+        self._lock = threading.Lock()
+        #: Entries read ahead, per (stream, group, consumer), handed out by later receives.
+        self._ahead: dict[tuple[str, str, str], deque[Received]] = {}
+        #: Acknowledgements not yet sent, per (stream, group), and when the oldest was made.
+        self._acks: dict[tuple[str, str], list[str]] = {}
+        self._acks_since = 0.0
 
     @classmethod
     def from_url(cls, url: str) -> RedisStreamsAdapter:
@@ -239,6 +320,7 @@ class RedisStreamsAdapter:
             index_url=index_url,
             stream_prefix=opts.get("stream_prefix", ""),
             retry_for=number("retry_for", 30.0),
+            read_ahead=int(number("read_ahead", 16)),
         )
         try:
             adapter._once(client.ping)  # fail fast at start: no long retry
@@ -352,61 +434,91 @@ class RedisStreamsAdapter:
         """Requeued entries first, then idle ones (with ``min_idle``), then new ones."""
         key = self.key(queue)
         self._ensure_group(key, group)
-        out = self._requeued(key, group, consumer, count)
-        if min_idle is not None and len(out) < count:
-            out += self._idle(key, group, consumer, count - len(out), min_idle)
+        slot = (key, group, consumer)
+        with self._lock:
+            ahead = self._ahead.setdefault(slot, deque())
+            out = [ahead.popleft() for _ in range(min(count, len(ahead)))]
+            acks = self._acks.pop((key, group), []) if len(out) < count else []
         if len(out) < count:
-            block = int(timeout * 1000) if timeout > 0 else None
-            reply: Any = self._call(
-                lambda: self._r.xreadgroup(
-                    group, consumer, {key: ">"}, count=count - len(out), block=block
+            idle_ms = max(int(min_idle * 1000), 1) if min_idle is not None else 0
+            # Read ahead only in a group of one consumer (a subscriber's own group): in a
+            # pool's group, entries read ahead would be hoarded from the other members.
+            want = max(count - len(out), self.read_ahead if group == consumer else 1)
+            try:
+                rows: Any = self._call(
+                    lambda: self._receive(
+                        keys=[key],
+                        args=[group, consumer, want, idle_ms, REQUEUE_CONSUMER, _SCAN, *acks],
+                    )
                 )
+            except BaseException:
+                self._hold_acks(key, group, acks)
+                raise
+            got = [
+                Received(
+                    _text(ref),
+                    group,
+                    *decode_fields(key, _text(ref), _pairs(fields)),
+                    delivery_count=int(how),
+                )
+                for ref, fields, how in rows
+            ]
+            take = count - len(out)
+            out += got[:take]
+            with self._lock:
+                ahead.extend(got[take:])
+        if not out and timeout > 0:
+            block = max(int(timeout * 1000), 1)
+            reply: Any = self._call(
+                lambda: self._r.xreadgroup(group, consumer, {key: ">"}, count=count, block=block)
             )
             for _stream, entries in reply or []:
-                out += self._received(key, group, entries, 1)
+                for ref, fields in entries:
+                    if fields is not None:
+                        env, adopted = decode_fields(key, _text(ref), fields)
+                        if env.groups and group not in env.groups:
+                            self.ack(queue, group, [_text(ref)])
+                            continue
+                        out.append(Received(_text(ref), group, env, adopted=adopted))
         return out
-
-    def _received(
-        self, key: str, group: str, entries: Sequence[Any], delivered: int
-    ) -> list[Received]:
-        out = []
-        for ref, fields in entries:
-            if fields is None:  # deleted from the stream while pending
-                continue
-            env, adopted = decode_fields(key, _text(ref), fields)
-            out.append(Received(_text(ref), group, env, adopted=adopted, delivery_count=delivered))
-        return out
-
-    def _requeued(self, key: str, group: str, consumer: str, count: int) -> list[Received]:
-        def take() -> list[Any]:
-            pending = self._r.xpending_range(
-                key, group, min="-", max="+", count=count, consumername=REQUEUE_CONSUMER
-            )
-            if not pending:
-                return []
-            ids: list[Any] = [p["message_id"] for p in pending]
-            claimed: list[Any] = self._r.xclaim(key, group, consumer, 0, ids)
-            return claimed
-
-        return self._received(key, group, self._call(take), 2)
-
-    def _idle(
-        self, key: str, group: str, consumer: str, count: int, min_idle: float
-    ) -> list[Received]:
-        idle_ms = max(int(min_idle * 1000), 1)
-
-        def take() -> list[Any]:
-            reply = self._r.xautoclaim(key, group, consumer, idle_ms, "0-0", count=count)
-            claimed: list[Any] = reply[1]
-            return claimed
-
-        return self._received(key, group, self._call(take), 2)
 
     def ack(self, queue: str, group: str, refs: Sequence[str]) -> None:
-        """``XACK``: the group is finished with these entries."""
+        """``XACK``, batched: sent with the group's next receive, or once 64 are held or
+        half a second has passed, or at :meth:`flush` and :meth:`close`.
+
+        The index already holds each outcome, so an acknowledgement lost with a crashed
+        process only means a redelivery, which the facade recognises and acknowledges.
+        """
         if refs:
-            key = self.key(queue)
+            self._hold_acks(self.key(queue), group, refs)
+
+    def _hold_acks(self, key: str, group: str, refs: Sequence[str]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if not any(self._acks.values()):
+                self._acks_since = now
+            held = self._acks.setdefault((key, group), [])
+            held.extend(refs)
+            due = len(held) >= _ACK_BATCH or now - self._acks_since >= _ACK_DELAY
+        if due:
+            self.flush()
+
+    def _send_acks(self, key: str, group: str, refs: Sequence[str]) -> None:
+        try:
             self._call(lambda: self._r.xack(key, group, *refs))
+        except BaseException:
+            with self._lock:
+                self._acks.setdefault((key, group), []).extend(refs)
+            raise
+
+    def flush(self) -> None:
+        """Send every held acknowledgement now."""
+        with self._lock:
+            acks, self._acks = self._acks, {}
+            self._acks_since = time.monotonic()
+        for (key, group), refs in acks.items():
+            if refs:
+                self._send_acks(key, group, refs)
 
     def requeue(self, queue: str, group: str, ref: str) -> None:
         """Hand a pending entry to the reserved requeue consumer; the next receive of the
@@ -466,11 +578,31 @@ class RedisStreamsAdapter:
         return {_text(p["message_id"]): _text(p["consumer"]) for p in rows}
 
     def close(self) -> None:
-        """Release the connection pool."""
-        self._r.close()
+        """Send held acknowledgements, give entries read ahead back to their groups (they
+        would otherwise wait out ``min_idle``), and release the connection pool."""
+        try:
+            with self._lock:
+                ahead = {slot: [r.native_ref for r in q] for slot, q in self._ahead.items() if q}
+                self._ahead.clear()
+            for (key, group, _consumer), refs in ahead.items():
+                self._call(
+                    lambda key=key, group=group, refs=refs: self._r.xclaim(  # type: ignore[misc]
+                        key, group, REQUEUE_CONSUMER, 0, refs, justid=True
+                    )
+                )
+            self.flush()
+        except IQError as exc:
+            log.warning("Redis at %s: closed with work not sent: %s", self.url, exc)
+        finally:
+            self._r.close()
 
     def __repr__(self) -> str:
         return f"<RedisStreamsAdapter {self.url}>"
+
+
+def _pairs(flat: Sequence[Any]) -> dict[bytes, bytes]:
+    """A Lua script's flat [field, value, ...] reply as a dict."""
+    return {bytes(flat[i]): bytes(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 def _text(value: Any) -> str:

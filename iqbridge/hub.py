@@ -79,6 +79,9 @@ class Hub:
         self.publisher = check_name("publisher", publisher or self.client_id)
         self._clock = clock
         self._arrivals = threading.Condition()
+        #: (queue, subscriber) pairs this process gave a message back to (native-group
+        #: brokers): their next get asks the index for redeliveries at once.
+        self.redeliveries: set[tuple[str, str]] = set()
         adapter_db = getattr(adapter, "db", None)
         #: Broker rows and index live in one database: one transaction covers both.
         self.shares_transaction = bool(

@@ -277,6 +277,9 @@ class Envelope:
     ordering_key: str = ""
     parents: tuple[str, ...] = ()
     put_at: int = 0
+    #: The consumer groups the message is addressed to (its named subscribers and pools);
+    #: a native-group broker may let every other group pass over it. Empty: all groups.
+    groups: tuple[str, ...] = ()
 
     def payload(self) -> object:
         """The decoded payload (bytes, str or a JSON value, by content type)."""

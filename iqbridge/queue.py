@@ -164,6 +164,10 @@ class Queue:
                     store.commit(change)
                 except StaleRecord:
                     continue
+                if self._native:
+                    for m in change.record.members.values():
+                        if m.attempt > 1 and m.state is SubscriberState.AVAILABLE:
+                            self.hub.redeliveries.add((self.name, m.subscriber))
                 return change
         raise ConcurrentUpdate(msg_id, _CAS_ATTEMPTS)
 
@@ -365,6 +369,7 @@ class Queue:
         limit = min(self.max_bytes, self._adapter.capabilities.max_payload_bytes)
         envelopes: list[Envelope] = []
         changes: list[Change] = []
+        groups = (*audience.subscribers, *(p.name for p in audience.pools))
         for i, payload in enumerate(items):
             body, ctype = encode(payload, content_type)
             if len(body) > limit:
@@ -382,6 +387,7 @@ class Queue:
                     ordering_key=ordering_key or publisher,
                     parents=parent_ids,
                     put_at=now,
+                    groups=groups,
                 )
             )
             changes.append(
@@ -599,7 +605,8 @@ class Queue:
         self, subscriber: str, lease_s: float | None, lock_id: str | None
     ) -> Delivery | None:
         now = self._now()
-        if time.monotonic() >= self._next_sweep:
+        sweep = time.monotonic() >= self._next_sweep
+        if sweep:
             self._next_sweep = time.monotonic() + self.sweep_interval
             self.recover(limit=200)
         owner = f"{subscriber}@{self.hub.client_id}"
@@ -615,9 +622,17 @@ class Queue:
                 if delivery is not None:
                     return delivery
             return None
-        ids = self._store.redeliverable(self.name, subscriber, now, _CLAIM_BATCH)
-        if ids:
-            delivery = self._claim_by_index(subscriber, ids, now, owner, lease_until, None)
+        # Given back (released, undone, re-revealed, lease lapsed): the index knows; the
+        # broker keeps such an entry pending or acknowledged. Asked on the sweep's
+        # schedule, or at once after this process gave one back, not on every get (one
+        # index round trip each).
+        due: list[str] = []
+        if sweep or (self.name, subscriber) in self.hub.redeliveries:
+            due = self._store.redeliverable(self.name, subscriber, now, _CLAIM_BATCH)
+            if not due:
+                self.hub.redeliveries.discard((self.name, subscriber))
+        if due:
+            delivery = self._claim_by_index(subscriber, due, now, owner, lease_until, None)
             if delivery is not None:
                 return delivery
         min_idle = lease_s if lease_s is not None else self.lease
@@ -753,6 +768,7 @@ class Queue:
                     lambda r: engine.claim(
                         r, subscriber, now, token=token, owner=owner, lease_until=lease_until
                     ),
+                    rec,
                 )
             except (IllegalTransition, LockedError):
                 return None
