@@ -774,7 +774,10 @@ class Queue:
                 return None
             assert change is not None
             if change.record.native_ref is None:
+                # The putter has not recorded it yet (or died first): the delivery's record
+                # must know it too, or its done() would have no entry to acknowledge.
                 self._store.set_native_ref(rec.msg_id, received.native_ref)
+                change.record.native_ref = received.native_ref
             elif change.record.native_ref != received.native_ref:
                 # A second broker entry of one message (an idempotent put repeated after
                 # the broker took the first but before its reference was recorded): the

@@ -162,3 +162,21 @@ def test_a_lost_native_ref_gives_a_second_broker_entry_delivered_once() -> None:
             assert drain(q, s) == []
         for group in ("a", "b", "p"):
             assert hub.adapter.pending("orders", group) == {}  # type: ignore[attr-defined]
+
+
+def test_an_entry_read_before_its_reference_was_recorded_is_acknowledged(
+    tmp_path: Path,
+) -> None:
+    # The putter sent the entry but has not recorded where (or died first): the consumer
+    # records it, and its done() acknowledges that entry. (A broker with an index of its
+    # own kind, as Redis Streams with the Redis index: the memory store would fill the
+    # reference in by itself.)
+    with iqbridge.connect("memory://", index=f"sqlite:///{tmp_path / 'index.db'}") as hub:
+        q = hub.queue("orders")
+        fail_once(hub.store, "set_native_ref", IndexUnavailable("not yet"))
+        with pytest.raises(IndexUnavailable):
+            q.put("x", to=["s", Pool("p", ["p1", "p2"])], msg_id=new_id())
+        assert drain(q, "s") == ["x"]
+        assert drain(q, "p2") == ["x"]
+        for group in ("s", "p"):
+            assert hub.adapter.pending("orders", group) == {}  # type: ignore[attr-defined]
