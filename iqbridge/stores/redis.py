@@ -23,7 +23,8 @@ compare-and-set alone keeps writers apart. Every key of one index shares a hash 
 so the scripts run on Redis Cluster too (the whole index then lives on one shard).
 
 A call that loses its connection is retried; a commit whose reply was lost is
-recognised by the write id it leaves on the record, and is never applied twice. The
+recognised by the write id it leaves on the record (or, once another writer replaced
+that, by its journal entries in the record's history), and is never applied twice. The
 key layout is described in docs/index-stores.md (section Redis).
 """
 
@@ -50,6 +51,7 @@ from tenacity import (
     before_sleep_log,
     retry_if_exception,
     stop_after_attempt,
+    stop_after_delay,
     wait_exponential,
     wait_random,
 )
@@ -173,6 +175,10 @@ class RedisStore:
         self.url = redact(url)
         self.prefix = prefix
         self.retries = retries
+        #: Seconds to keep retrying a dropped connection, instead of ``retries`` attempts:
+        #: the Redis Streams adapter gives its default index its own ``retry_for``, so the
+        #: index rides out the same server restart as the broker.
+        self.retry_for: float | None = None
         # Typed Any: redis-py types every reply as bytes | str; this client decodes to str.
         self._r: Any = client
         #: Every key of this index starts with this; the braces are its hash tag.
@@ -248,10 +254,15 @@ class RedisStore:
                 f"name and password in the index URL"
             )
         if _transient(exc):
+            tried = (
+                f"tried {self.retries} times"
+                if self.retry_for is None
+                else f"retried for {self.retry_for:g} s"
+            )
             return IndexUnavailable(
                 f"cannot reach the Redis index at {self.url} ({type(exc).__name__}: {exc}; "
-                f"tried {self.retries} times); check that Redis is running there and that "
-                f"the URL's host, port and database are right"
+                f"{tried}); check that Redis is running there and that the URL's host, port "
+                f"and database are right"
             )
         return IndexUnavailable(
             f"the Redis index at {self.url} failed a command ({type(exc).__name__}: {exc}); "
@@ -264,15 +275,16 @@ class RedisStore:
         Only for calls that are safe to repeat (reads, idempotent writes, and calls that
         check first whether an earlier try already applied).
         """
+        limit = self.retry_for
         try:
             return fn()
         except RedisError as exc:
-            if not _transient(exc) or self.retries <= 1:
+            if not _transient(exc) or (self.retries <= 1 if limit is None else limit <= 0):
                 raise self._unavailable(exc) from exc
             log.warning("Redis index %s: %s; retrying", self.url, exc)
         retrying = Retrying(
             retry=retry_if_exception(_transient),
-            stop=stop_after_attempt(self.retries - 1),
+            stop=stop_after_attempt(self.retries - 1) if limit is None else stop_after_delay(limit),
             wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
             before_sleep=before_sleep_log(log, logging.WARNING),
             reraise=True,
@@ -331,14 +343,32 @@ class RedisStore:
                 change.record.seq = int(seq)
 
     def _applied(self, changes: Sequence[Change], write_id: str) -> list[int] | None:
-        """The seqs of a batch if it was committed under ``write_id``, else None."""
+        """The seqs of a batch if it was committed under ``write_id``, else None.
+
+        Another writer may have committed to the record since (a member of the same
+        message moved on): then the write id on it is theirs, and the batch applied if the
+        record's history holds the first change's journal entries (the script appends them
+        with the record, all or nothing; they carry actor, states and microseconds).
+        """
         pipe = self._r.pipeline(transaction=False)
         for change in changes:
             pipe.hmget(self._record_key(change.msg_id), "w", "s")
         rows = pipe.execute()
-        if rows[0][0] != write_id:
+        if rows[0][0] is None:
+            return None
+        if rows[0][0] != write_id and not self._in_history(changes[0]):
             return None
         return [int(row[1]) for row in rows]
+
+    def _in_history(self, change: Change) -> bool:
+        mine = [e._replace(seq=None) for e in change.journal]
+        if not mine:
+            return False
+        try:
+            history = [e._replace(seq=None) for e in self._read_history(change.msg_id)]
+        except MessageNotFound:
+            return False
+        return any(history[i : i + len(mine)] == mine for i in range(len(history)))
 
     def _change_args(self, change: Change) -> dict[str, Any]:
         rec = change.record
@@ -432,7 +462,10 @@ class RedisStore:
 
     def history(self, msg_id: str) -> list[JournalEntry]:
         """Every journal entry of one message, in order."""
-        rows = self._call(lambda: self._history(keys=[self._record_key(msg_id), self._journal_key]))
+        return self._call(lambda: self._read_history(msg_id))
+
+    def _read_history(self, msg_id: str) -> list[JournalEntry]:
+        rows = self._history(keys=[self._record_key(msg_id), self._journal_key])
         if rows is None:
             raise MessageNotFound(msg_id)
         out: list[JournalEntry] = []
