@@ -330,8 +330,11 @@ class RedisStreamsAdapter:
         return adapter
 
     def default_index(self) -> RedisStore:
-        """The Redis index store on the same server and database."""
-        return RedisStore.from_url(self._index_url)
+        """The Redis index store on the same server and database; it keeps retrying a
+        broken connection for ``retry_for`` too, so the hub rides out a restart whole."""
+        store = RedisStore.from_url(self._index_url)
+        store.retry_for = self.retry_for
+        return store
 
     # --- plumbing ----------------------------------------------------------------------
 
