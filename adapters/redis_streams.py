@@ -25,8 +25,10 @@ all its fields as a JSON object (``application/json``).
 Options: ``prefix`` (the Redis index store's key prefix, default ``default``),
 ``stream_prefix`` (prepended to queue names to form stream keys, default none),
 ``retry_for`` (seconds to keep retrying a broken connection with backoff, default 30),
+``read_ahead`` (entries a subscriber's own group reads per round trip, default 16),
 ``socket_timeout`` and ``socket_connect_timeout`` (seconds, default 10 and 5). Its default
-index is the Redis index store on the same server and database.
+index is the Redis index store on the same server and database; it retries for
+``retry_for`` too.
 """
 
 from __future__ import annotations
