@@ -8,6 +8,10 @@
   out. Afterwards every put that returned is DONE exactly once for each subscriber (two
   pubsub subscribers and one member of a pool of two), according to the index journal,
   and was handed to each exactly once; nothing raised.
+* Lost replies, made by a proxy that drops the connection after Redis answered: an
+  ``XADD`` whose retry adds a second entry is still delivered once per member; an index
+  commit (claim, done) followed by another writer's move on the same message before the
+  retry is still recognised as applied.
 """
 
 from __future__ import annotations
@@ -197,6 +201,42 @@ def test_a_lost_index_reply_then_another_writer_is_still_recognised_as_applied(
         assert isinstance(adapter, RedisStreamsAdapter)
         adapter.flush()
         assert adapter.pending("orders", "a") == {}
+
+
+def test_a_put_whose_xadd_reply_is_lost_is_delivered_once(
+    proxied: tuple[HookedProxy, str, str],
+) -> None:
+    """Redis added the entry, the reply was lost, the retry added a second one: the put
+    returns once, and each member gets the message once; the other entry is acknowledged."""
+    proxy, via_proxy, direct = proxied
+    with iqbridge.connect(via_proxy) as hub, iqbridge.connect(direct) as other:
+        q, q_other = hub.queue("orders"), other.queue("orders")
+        q.subscribe("a", "b")
+        q.subscribe_pool("p", ["p1", "p2"])
+        proxy.arm(b"XADD", b"iq-id")
+        msg_id = q.put({"n": 1})
+        assert proxy.dropped == 1
+        adapter = hub.adapter
+        assert isinstance(adapter, RedisStreamsAdapter)
+        key = adapter.key("orders")
+        with redis.Redis.from_url(REDIS_URL) as raw:
+            entries = raw.xrange(key)
+        assert len(entries) == 2  # the second entry of one message
+        assert {f[b"iq-id"] for _, f in entries} == {msg_id.encode()}
+        got: list[tuple[str, str]] = []
+        for name, queue in (("a", q), ("b", q_other), ("p2", q), ("p1", q_other)):
+            while (d := queue.get(name)) is not None:
+                got.append((name, d.msg_id))
+                d.done()
+        assert got == [("a", msg_id), ("b", msg_id), ("p2", msg_id)]
+        st = q.state(msg_id)
+        assert st.publisher_state is PublisherState.JOURNALLED
+        for queue_hub in (hub, other):
+            streams = queue_hub.adapter
+            assert isinstance(streams, RedisStreamsAdapter)
+            streams.flush()
+        for group in ("a", "b", "p"):
+            assert adapter.pending("orders", group) == {}, group
 
 
 @pytest.mark.parametrize("auth", [":s3cret", "app:s3cret"])
