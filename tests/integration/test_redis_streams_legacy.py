@@ -289,3 +289,30 @@ def test_a_legacy_consumer_reads_iqbridge_puts_unchanged(setup: Setup) -> None:
         assert raw.xreadgroup("legacy-reader", "c1", {key: ">"}, count=10) == []
         for msg_id in ids:
             assert q.state(msg_id).subscribers["billing"].state is S.JOURNALLED
+
+
+def test_the_adopted_id_does_not_depend_on_how_a_client_spells_its_url(setup: Setup) -> None:
+    """The facade's own fallback would derive an adopted id from the adapter's URL; the
+    adapter derives it from the stream key and entry id alone, so hubs that name the same
+    server differently (host alias, other options) still share one record."""
+    raw, key = setup.raw, setup.key
+    other_url = setup.url.replace("127.0.0.1", "localhost") + "&retry_for=5&socket_timeout=3"
+    assert other_url != setup.url
+    with (
+        iqbridge.connect(setup.url) as hub1,
+        iqbridge.connect(other_url) as hub2,
+    ):
+        assert hub1.adapter.url != hub2.adapter.url
+        q1 = _declare(hub1)
+        q2 = hub2.queue(QUEUE)
+        ref = raw.xadd(key, {"payload": b"x"}).decode()
+        a = q1.get("billing")
+        b = q2.get("audit")
+        assert a is not None and b is not None
+        assert a.msg_id == b.msg_id == adopted_id("redis-streams", key, ref)
+        a.done()
+        b.done()
+        assert len(q1.search(publisher="(legacy)")) == 1
+        st = q2.state(a.msg_id)
+        assert st.subscribers["billing"].state is S.JOURNALLED
+        assert st.subscribers["audit"].state is S.JOURNALLED
