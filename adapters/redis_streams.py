@@ -33,6 +33,7 @@ index is the Redis index store on the same server and database; it retries for
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -587,14 +588,15 @@ class RedisStreamsAdapter:
         would otherwise wait out ``min_idle``), and release the connection pool."""
         try:
             with self._lock:
-                ahead = {slot: [r.native_ref for r in q] for slot, q in self._ahead.items() if q}
+                ahead: dict[tuple[str, str, str], list[Any]] = {
+                    slot: [r.native_ref for r in q] for slot, q in self._ahead.items() if q
+                }
                 self._ahead.clear()
             for (key, group, _consumer), refs in ahead.items():
-                self._call(
-                    lambda key=key, group=group, refs=refs: self._r.xclaim(  # type: ignore[misc]
-                        key, group, REQUEUE_CONSUMER, 0, refs, justid=True
-                    )
+                give_back = functools.partial(
+                    self._r.xclaim, key, group, REQUEUE_CONSUMER, 0, refs, justid=True
                 )
+                self._call(give_back)
             self.flush()
         except IQError as exc:
             log.warning("Redis at %s: closed with work not sent: %s", self.url, exc)
