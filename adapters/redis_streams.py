@@ -61,7 +61,9 @@ from tenacity import (
 from iqbridge.adapter import Capabilities
 from iqbridge.errors import BrokerUnavailable, ConfigurationError, IQError
 from iqbridge.ids import adopted_id
-from iqbridge.model import Envelope, Received
+from iqbridge.engine import Change
+from iqbridge.model import Envelope, MessageRecord, Received
+from iqbridge.stores.codec import record_from_json
 from iqbridge.stores.redis import RedisStore
 
 __all__ = ["REQUEUE_CONSUMER", "RedisStreamsAdapter", "decode_fields", "encode_fields"]
@@ -91,56 +93,86 @@ _MAX_PAYLOAD = 512 * 1024 * 1024 - 64 * 1024
 _PAYLOAD = b"payload"
 _H = "iq-h-"
 
-#: One round trip per receive: entries given back to the group (held by the reserved
-#: requeue consumer) first, then entries idle for ``min_idle`` (a crashed consumer's),
-#: then new ones. Entries addressed (``iq-to``) to other groups only are acknowledged for
-#: this group on the way and never leave the server. Returns [id, fields, how] triples,
-#: how = 1 for a first delivery, 2 for a redelivery.
+#: One round trip per receive, over one or more groups in order until one has entries:
+#: per group, entries given back to it (held by the reserved requeue consumer) first,
+#: then entries idle for ``min_idle`` (a crashed consumer's), then new ones. Entries
+#: addressed (``iq-to``) to other groups only are acknowledged for the group on the way
+#: and never leave the server. Held acknowledgements of each group go first. With a
+#: record prefix (the Redis index on the same server), each entry's index record is read
+#: too. Returns [id, fields, how, group number, record] rows: how = 1 for a first
+#: delivery, 2 for a redelivery; record = {v, s, n, r} or false.
+#:
+#: ARGV: consumer, idle ms, requeue consumer, scan limit, record prefix ("" for none),
+#: number of groups, then per group: name, count, number of acks, the acks.
 _RECEIVE = """
-local key, group, consumer = KEYS[1], ARGV[1], ARGV[2]
-local count, idle, requeue, scan = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
-local out = {}
-if #ARGV > 6 then
-  redis.call('XACK', key, group, unpack(ARGV, 7))
+local key = KEYS[1]
+local consumer, idle, requeue = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local scan, rp, ngroups = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local groups, counts = {}, {}
+local a = 7
+for g = 1, ngroups do
+  groups[g], counts[g] = ARGV[a], tonumber(ARGV[a + 1])
+  local nacks = tonumber(ARGV[a + 2])
+  a = a + 3
+  if nacks > 0 then
+    redis.call('XACK', key, groups[g], unpack(ARGV, a, a + nacks - 1))
+  end
+  a = a + nacks
 end
-local function addressed(fields)
+local out = {}
+local function field(fields, name)
   for i = 1, #fields, 2 do
-    if fields[i] == 'iq-to' then
-      return string.find(' ' .. fields[i + 1] .. ' ', ' ' .. group .. ' ', 1, true) ~= nil
+    if fields[i] == name then
+      return fields[i + 1]
     end
   end
-  return true
+  return nil
 end
-local function take(entries, how)
-  for _, e in ipairs(entries) do
-    local fields = e[2]
-    if type(fields) == 'table' then
-      if addressed(fields) then
-        out[#out + 1] = {e[1], fields, how}
-      else
-        redis.call('XACK', key, group, e[1])
+for g = 1, ngroups do
+  local group, count, got = groups[g], counts[g], 0
+  local function take(entries, how)
+    for _, e in ipairs(entries) do
+      local fields = e[2]
+      if type(fields) == 'table' then
+        local to = field(fields, 'iq-to')
+        if to == nil or string.find(' ' .. to .. ' ', ' ' .. group .. ' ', 1, true) then
+          local rec = false
+          if rp ~= '' then
+            local id = field(fields, 'iq-id')
+            if id then
+              rec = redis.call('HMGET', rp .. 'm:' .. id, 'v', 's', 'n', 'r')
+            end
+          end
+          out[#out + 1] = {e[1], fields, how, g, rec}
+          got = got + 1
+        else
+          redis.call('XACK', key, group, e[1])
+        end
       end
     end
   end
-end
-local pending = redis.call('XPENDING', key, group, '-', '+', count, requeue)
-if #pending > 0 then
-  local ids = {}
-  for i, row in ipairs(pending) do ids[i] = row[1] end
-  take(redis.call('XCLAIM', key, group, consumer, 0, unpack(ids)), 2)
-end
-if idle > 0 and #out < count then
-  take(redis.call('XAUTOCLAIM', key, group, consumer, idle, '0-0', 'COUNT', count - #out)[2], 2)
-end
-local scanned = 0
-while #out < count and scanned < scan do
-  local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count - #out,
-    'STREAMS', key, '>')
-  if not reply then break end
-  local entries = reply[1][2]
-  if #entries == 0 then break end
-  scanned = scanned + #entries
-  take(entries, 1)
+  local pending = redis.call('XPENDING', key, group, '-', '+', count, requeue)
+  if #pending > 0 then
+    local ids = {}
+    for i, row in ipairs(pending) do ids[i] = row[1] end
+    take(redis.call('XCLAIM', key, group, consumer, 0, unpack(ids)), 2)
+  end
+  if idle > 0 and got < count then
+    take(redis.call('XAUTOCLAIM', key, group, consumer, idle, '0-0', 'COUNT', count - got)[2], 2)
+  end
+  local scanned = 0
+  while got < count and scanned < scan do
+    local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count - got,
+      'STREAMS', key, '>')
+    if not reply then break end
+    local entries = reply[1][2]
+    if #entries == 0 then break end
+    scanned = scanned + #entries
+    take(entries, 1)
+  end
+  if got > 0 then
+    break
+  end
 end
 return out
 """
@@ -438,42 +470,9 @@ class RedisStreamsAdapter:
         min_idle: float | None = None,
     ) -> list[Received]:
         """Requeued entries first, then idle ones (with ``min_idle``), then new ones."""
-        key = self.key(queue)
-        self._ensure_group(key, group)
-        slot = (key, group, consumer)
-        with self._lock:
-            ahead = self._ahead.setdefault(slot, deque())
-            out = [ahead.popleft() for _ in range(min(count, len(ahead)))]
-            acks = self._acks.pop((key, group), []) if len(out) < count else []
-        if len(out) < count:
-            idle_ms = max(int(min_idle * 1000), 1) if min_idle is not None else 0
-            # Read ahead only in a group of one consumer (a subscriber's own group): in a
-            # pool's group, entries read ahead would be hoarded from the other members.
-            want = max(count - len(out), self.read_ahead if group == consumer else 1)
-            try:
-                rows: Any = self._call(
-                    lambda: self._receive(
-                        keys=[key],
-                        args=[group, consumer, want, idle_ms, REQUEUE_CONSUMER, _SCAN, *acks],
-                    )
-                )
-            except BaseException:
-                self._hold_acks(key, group, acks)
-                raise
-            got = [
-                Received(
-                    _text(ref),
-                    group,
-                    *decode_fields(key, _text(ref), _pairs(fields)),
-                    delivery_count=int(how),
-                )
-                for ref, fields, how in rows
-            ]
-            take = count - len(out)
-            out += got[:take]
-            with self._lock:
-                ahead.extend(got[take:])
+        out = self._receive_groups(queue, [group], consumer, count, min_idle, "")
         if not out and timeout > 0:
+            key = self.key(queue)
             block = max(int(timeout * 1000), 1)
             reply: Any = self._call(
                 lambda: self._r.xreadgroup(group, consumer, {key: ">"}, count=count, block=block)
@@ -487,6 +486,93 @@ class RedisStreamsAdapter:
                             continue
                         out.append(Received(_text(ref), group, env, adopted=adopted))
         return out
+
+    def _receive_groups(
+        self,
+        queue: str,
+        groups: Sequence[str],
+        consumer: str,
+        count: int,
+        min_idle: float | None,
+        record_prefix: str,
+    ) -> list[Received]:
+        """Entries read ahead first (the first group in order with any), else one script
+        call over the groups in order until one has entries; the rest is read ahead."""
+        key = self.key(queue)
+        for group in groups:
+            self._ensure_group(key, group)
+        with self._lock:
+            for group in groups:
+                ahead = self._ahead.get((key, group, consumer))
+                if ahead:
+                    return [ahead.popleft() for _ in range(min(count, len(ahead)))]
+            acks = {g: self._acks.pop((key, g), []) for g in groups}
+        idle_ms = max(int(min_idle * 1000), 1) if min_idle is not None else 0
+        args: list[Any] = [consumer, idle_ms, REQUEUE_CONSUMER, _SCAN, record_prefix, len(groups)]
+        for group in groups:
+            # Read ahead only in a group of one consumer (a subscriber's own group): in a
+            # pool's group, entries read ahead would be hoarded from the other members.
+            want = max(count, self.read_ahead if group == consumer else 1)
+            args += [group, want, len(acks[group]), *acks[group]]
+        try:
+            rows: Any = self._call(lambda: self._receive(keys=[key], args=args))
+        except BaseException:
+            for group, refs in acks.items():
+                if refs:
+                    self._hold_acks(key, group, refs)
+            raise
+        got: list[Received] = []
+        for ref, fields, how, number, rec in rows:
+            group = groups[int(number) - 1]
+            env, adopted = decode_fields(key, _text(ref), _pairs(fields))
+            got.append(
+                Received(
+                    _text(ref),
+                    group,
+                    env,
+                    adopted,
+                    delivery_count=int(how),
+                    record=_record(env.msg_id, rec) if rec and not adopted else None,
+                )
+            )
+        if len(got) > count:
+            with self._lock:
+                slot = (key, got[0].group, consumer)
+                self._ahead.setdefault(slot, deque()).extend(got[count:])
+        return got[:count]
+
+    # --- one round trip with the Redis index on the same server (Colocated) -----------
+
+    def colocated(self, store: object) -> bool:
+        """True when ``store`` is a Redis index on this adapter's server and database."""
+        return isinstance(store, RedisStore) and _server(store.client) == _server(self._r)
+
+    def send_indexed(
+        self, queue: str, envelopes: Sequence[Envelope], changes: Sequence[Change], store: object
+    ) -> list[str]:
+        """Commit the new records and ``XADD`` their entries in one script call, all or
+        nothing (see :meth:`RedisStore.commit_with_entries`); return the entry ids."""
+        assert isinstance(store, RedisStore)
+        entries = [
+            [part for item in encode_fields(env).items() for part in item] for env in envelopes
+        ]
+        return store.commit_with_entries(changes, self.key(queue), entries)
+
+    def receive_indexed(
+        self,
+        queue: str,
+        groups: Sequence[str],
+        consumer: str,
+        *,
+        count: int,
+        min_idle: float | None,
+        store: object,
+    ) -> list[Received]:
+        """:meth:`receive` over several groups in order until one has entries, in one
+        round trip that also reads each entry's index record (a hint, see
+        :attr:`Received.record`)."""
+        assert isinstance(store, RedisStore)
+        return self._receive_groups(queue, groups, consumer, count, min_idle, store.keyspace)
 
     def ack(self, queue: str, group: str, refs: Sequence[str]) -> None:
         """``XACK``, batched: sent with the group's next receive, or once 64 are held or
@@ -610,6 +696,26 @@ class RedisStreamsAdapter:
 def _pairs(flat: Sequence[Any]) -> dict[bytes, bytes]:
     """A Lua script's flat [field, value, ...] reply as a dict."""
     return {bytes(flat[i]): bytes(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _server(client: redis.Redis) -> tuple[object, ...]:
+    """Where a client connects: host, port, unix socket path and database."""
+    kw = client.connection_pool.connection_kwargs
+    return (kw.get("host"), kw.get("port"), kw.get("path"), int(kw.get("db") or 0))
+
+
+def _record(msg_id: str, flat: Sequence[Any]) -> MessageRecord | None:
+    """An index record read by the receive script (v, s, n, r), or None if absent."""
+    v, seq, native, body = flat
+    if v is None or body is None:
+        return None
+    return record_from_json(
+        msg_id,
+        bytes(body),
+        version=int(v),
+        seq=int(seq),
+        native_ref=_text(native) if native else None,
+    )
 
 
 def _text(value: Any) -> str:

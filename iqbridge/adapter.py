@@ -22,11 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from iqbridge.model import Envelope, Received
 
-__all__ = ["Adapter", "Capabilities"]
+if TYPE_CHECKING:
+    from iqbridge.engine import Change
+
+__all__ = ["Adapter", "Capabilities", "Colocated"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,4 +109,44 @@ class Adapter(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+        ...
+
+
+@runtime_checkable
+class Colocated(Protocol):
+    """An adapter that can run its broker's work and the index store's writes in one
+    round trip when both live on one server (Redis Streams with the Redis index).
+
+    The hub asks :meth:`colocated` once; when true, a put is one atomic step (the index
+    records and the broker entries appear together, or neither) and a receive reads the
+    entries' index records with them.
+    """
+
+    def colocated(self, store: object) -> bool:
+        """True when ``store`` is an index this adapter can write in its own round trips."""
+        ...
+
+    def send_indexed(
+        self, queue: str, envelopes: Sequence[Envelope], changes: Sequence[Change], store: object
+    ) -> list[str]:
+        """Commit ``changes`` (new messages) and store ``envelopes`` in one atomic step;
+        each record gets its entry's native reference. Return the references.
+
+        Raises StaleRecord (nothing written) when a record exists already.
+        """
+        ...
+
+    def receive_indexed(
+        self,
+        queue: str,
+        groups: Sequence[str],
+        consumer: str,
+        *,
+        count: int,
+        min_idle: float | None,
+        store: object,
+    ) -> list[Received]:
+        """Like :meth:`Adapter.receive` (without blocking), over several groups in order
+        until one has entries, each with its index record as a hint
+        (:attr:`Received.record`)."""
         ...

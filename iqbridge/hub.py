@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
 
-from iqbridge.adapter import Adapter
+from iqbridge.adapter import Adapter, Colocated
 from iqbridge.errors import InvalidArgument, UnknownQueueError
 from iqbridge.model import JournalEntry, check_name
 from iqbridge.queue import Queue
@@ -88,6 +88,10 @@ class Hub:
             adapter.capabilities.shares_index_transaction
             and adapter_db is not None
             and adapter_db is getattr(store, "db", None)
+        )
+        #: The broker can run the index's writes in its own round trips (one server).
+        self.colocated: Colocated | None = (
+            adapter if isinstance(adapter, Colocated) and adapter.colocated(store) else None
         )
 
     def now_us(self) -> int:

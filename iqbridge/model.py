@@ -297,6 +297,9 @@ class Received:
     envelope: Envelope
     adopted: bool = False
     delivery_count: int = 1
+    #: The index record as read with the entry (a co-located index), or None. A hint
+    #: only: it may be stale by the time it is used; compare-and-set decides.
+    record: MessageRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -512,6 +512,11 @@ class Queue:
         # the put is idempotent (the caller repeats it, and the repeat sends).
         if self._native:
             self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
+        colocated = self.hub.colocated
+        if colocated is not None:
+            # One server: records and entries are written in one atomic step.
+            colocated.send_indexed(self.name, envelopes, changes, self._store)
+            return
         self._store.commit_many(changes)
         try:
             refs = self._adapter.send(self.name, envelopes)
@@ -636,7 +641,23 @@ class Queue:
             if delivery is not None:
                 return delivery
         min_idle = lease_s if lease_s is not None else self.lease
-        for group in self._subscriptions().groups_for(subscriber):
+        groups = self._subscriptions().groups_for(subscriber)
+        colocated = self.hub.colocated
+        if colocated is not None:
+            # One round trip over all the subscriber's groups, index records included.
+            self._declare_groups(groups)
+            for _ in range(_RECEIVE_SKIPS):
+                batch = colocated.receive_indexed(
+                    self.name, groups, subscriber, count=1, min_idle=min_idle, store=self._store
+                )
+                if not batch:
+                    break
+                for received in batch:
+                    delivery = self._accept(received, subscriber, now, owner, lease_until)
+                    if delivery is not None:
+                        return delivery
+            return None
+        for group in groups:
             self._declare_groups([group])
             # A group also carries entries this subscriber must skip (addressed to others,
             # finished, hidden): read on past them, so a message behind them is found now.
@@ -734,8 +755,12 @@ class Queue:
         env = received.envelope
         group = received.group
         ack = self._adapter.ack
+        hint = received.record
         try:
-            rec = self._store.load(env.msg_id)
+            if hint is not None and self._claimable_hint(hint, subscriber, group, now):
+                rec = hint  # compare-and-set on the claim catches a stale hint
+            else:
+                rec = self._store.load(env.msg_id)
         except MessageNotFound:
             if not received.adopted:
                 log.warning(
@@ -794,6 +819,19 @@ class Queue:
             return None
         # Held by someone (or not yet revealed): leave it pending; it comes back when idle.
         return None
+
+    @staticmethod
+    def _claimable_hint(rec: MessageRecord, subscriber: str, group: str, now: int) -> bool:
+        """Whether a record read with the broker entry may stand in for a fresh read: only
+        when it shows the member AVAILABLE through this group, now (the claim's
+        compare-and-set then settles it). Any other decision is made on a fresh read."""
+        member = rec.members.get(subscriber)
+        return (
+            member is not None
+            and member.state is SubscriberState.AVAILABLE
+            and (member.pool or member.subscriber) == group
+            and (member.not_before is None or member.not_before <= now)
+        )
 
     def _adopt(self, received: Received) -> MessageRecord:
         """Track a message put by a client that knows nothing of iqbridge."""

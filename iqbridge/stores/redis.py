@@ -245,6 +245,13 @@ class RedisStore:
             raise
         return store
 
+    @property
+    def client(self) -> redis.Redis:
+        """The redis-py client (decoding replies to str); the Redis Streams adapter asks
+        it where the index lives, to run both in one round trip when they share a server."""
+        client: redis.Redis = self._r
+        return client
+
     # --- plumbing ----------------------------------------------------------------------
 
     def _unavailable(self, exc: RedisError) -> IndexUnavailable:
@@ -319,31 +326,74 @@ class RedisStore:
 
     def commit_many(self, changes: Sequence[Change]) -> None:
         """Persist several changes in one script call, all or none."""
+        self._commit_batch(changes, None, ())
+
+    def commit_with_entries(
+        self,
+        changes: Sequence[Change],
+        stream: str,
+        entries: Sequence[Sequence[bytes | str]],
+    ) -> list[str]:
+        """Commit new messages and ``XADD`` one entry each (flat field/value lists) to
+        ``stream`` on this server, in one script call: the records and the entries appear
+        together or not at all, and each record keeps its entry id as native ref.
+
+        Returns the entry ids. Raises StaleRecord (nothing written) if a record exists.
+        """
+        return self._commit_batch(changes, stream, entries)
+
+    def _commit_batch(
+        self,
+        changes: Sequence[Change],
+        stream: str | None,
+        entries: Sequence[Sequence[bytes | str]],
+    ) -> list[str]:
         if not changes:
-            return
+            return []
         write_id = new_token()
-        batch = encode([self._change_args(c) for c in changes])
+        args: list[dict[str, Any]] = []
+        keys = [self._seq_key]
+        flat: list[bytes | str] = []
+        if stream is not None:
+            keys.append(stream)
+        for i, change in enumerate(changes):
+            arg, values = self._change_args(change)
+            args.append(arg)
+            flat.extend(values)
+            if stream is not None:
+                arg["xn"] = len(entries[i])
+                flat.extend(entries[i])
+        batch = encode(args)
         tried = False
 
         def attempt() -> Any:
             nonlocal tried
             if tried:
                 # The last try may have applied before its reply was lost: ask the record.
-                seqs = self._applied(changes, write_id)
-                if seqs is not None:
-                    return ["ok", *seqs]
+                applied = self._applied(changes, write_id)
+                if applied is not None:
+                    seqs, refs = applied
+                    return ["ok", *seqs, *(refs if stream is not None else ())]
             tried = True
-            return self._commit(keys=[self._seq_key], args=[self.keyspace, write_id, batch])
+            return self._commit(keys=keys, args=[self.keyspace, write_id, batch, *flat])
 
         result = self._call(attempt)
         if result[0] == "stale":
             raise StaleRecord(str(result[1]))
-        for change, seq in zip(changes, result[1:], strict=True):
+        n = len(changes)
+        refs = [str(ref) for ref in result[1 + n :]]
+        for i, (change, seq) in enumerate(zip(changes, result[1 : 1 + n], strict=True)):
             if change.created:
                 change.record.seq = int(seq)
+            if refs and refs[i]:
+                change.record.native_ref = refs[i]
+        return refs
 
-    def _applied(self, changes: Sequence[Change], write_id: str) -> list[int] | None:
-        """The seqs of a batch if it was committed under ``write_id``, else None.
+    def _applied(
+        self, changes: Sequence[Change], write_id: str
+    ) -> tuple[list[int], list[str]] | None:
+        """The seqs and native refs of a batch if it was committed under ``write_id``,
+        else None.
 
         Another writer may have committed to the record since (a member of the same
         message moved on): then the write id on it is theirs, and the batch applied if the
@@ -352,13 +402,13 @@ class RedisStore:
         """
         pipe = self._r.pipeline(transaction=False)
         for change in changes:
-            pipe.hmget(self._record_key(change.msg_id), "w", "s")
+            pipe.hmget(self._record_key(change.msg_id), "w", "s", "n")
         rows = pipe.execute()
         if rows[0][0] is None:
             return None
         if rows[0][0] != write_id and not self._in_history(changes[0]):
             return None
-        return [int(row[1]) for row in rows]
+        return [int(row[1]) for row in rows], [row[2] or "" for row in rows]
 
     def _in_history(self, change: Change) -> bool:
         mine = [e._replace(seq=None) for e in change.journal]
@@ -370,7 +420,9 @@ class RedisStore:
             return False
         return any(history[i : i + len(mine)] == mine for i in range(len(history)))
 
-    def _change_args(self, change: Change) -> dict[str, Any]:
+    def _change_args(self, change: Change) -> tuple[dict[str, Any], list[str]]:
+        """The batch entry of a change, and its values passed beside the batch (the
+        record JSON, then its journal rows): see stores/lua/commit.lua."""
         rec = change.record
         k, q = self.keyspace, rec.queue
         by_seq = [f"{k}q:{q}"]
@@ -397,6 +449,10 @@ class RedisStore:
                     fields.append([f"b:{m.subscriber}", str(m.not_before)])
         due = rec.due_at()
         entries = change.journal
+        journal = [
+            entries_to_json(entries[i : i + JOURNAL_PER_ROW])
+            for i in range(0, len(entries), JOURNAL_PER_ROW)
+        ]
         return {
             "id": rec.msg_id,
             "c": 1 if change.created else 0,
@@ -404,18 +460,14 @@ class RedisStore:
             "v": str(rec.version),
             "q": q,
             "p": rec.priority,
-            "r": record_to_json(rec),
             "n": rec.native_ref or "",
-            "j": [
-                entries_to_json(entries[i : i + JOURNAL_PER_ROW])
-                for i in range(0, len(entries), JOURNAL_PER_ROW)
-            ],
+            "nj": len(journal),
             "f": fields,
             "ks": by_seq,
             "kc": by_claim,
             "kd": [f"{k}d", f"{k}d:{q}"] if due is not None else [],
             "due": str(due) if due is not None else "",
-        }
+        }, [record_to_json(rec), *journal]
 
     def set_native_ref(self, msg_id: str, native_ref: str) -> None:
         """Record where the broker keeps the payload (not a state change)."""
