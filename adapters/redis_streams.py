@@ -59,9 +59,9 @@ from tenacity import (
 )
 
 from iqbridge.adapter import Capabilities
+from iqbridge.engine import Change
 from iqbridge.errors import BrokerUnavailable, ConfigurationError, IQError
 from iqbridge.ids import adopted_id
-from iqbridge.engine import Change
 from iqbridge.model import Envelope, MessageRecord, Received
 from iqbridge.stores.codec import record_from_json
 from iqbridge.stores.redis import RedisStore

@@ -796,6 +796,12 @@ class Queue:
                     rec,
                 )
             except (IllegalTransition, LockedError):
+                if rec is hint:
+                    # Decided on the record read with the entry, which went stale (say the
+                    # message was withdrawn since): decide again on a fresh read, which may
+                    # acknowledge the entry.
+                    fresh = dataclasses.replace(received, record=None)
+                    return self._accept(fresh, subscriber, now, owner, lease_until)
                 return None
             assert change is not None
             if change.record.native_ref is None:

@@ -7,6 +7,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from conftest import need_server
@@ -28,9 +29,16 @@ def redis_reachable() -> tuple[bool, str]:
     return True, ""
 
 
-def drop_keys(prefix: str) -> None:
+def other_db_url() -> str:
+    """REDIS_URL on another database of the same server (an index kept apart)."""
+    parts = urlsplit(REDIS_URL)
+    db = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(db + 1) % 16}"))
+
+
+def drop_keys(prefix: str, url: str = REDIS_URL) -> None:
     """Delete every key of one index (its keys all start with ``{iq:<prefix>}:``)."""
-    client = redis.Redis.from_url(REDIS_URL)
+    client = redis.Redis.from_url(url)
     try:
         keys = list(client.scan_iter(match=f"{{iq:{prefix}}}:*", count=1000))
         for i in range(0, len(keys), 500):

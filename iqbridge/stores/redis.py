@@ -70,7 +70,6 @@ from iqbridge.states import PublisherState, SubscriberState
 from iqbridge.stores.base import PurgedMessage, StaleRecord
 from iqbridge.stores.codec import (
     JOURNAL_PER_ROW,
-    encode,
     entries_from_json,
     entries_to_json,
     matches,
@@ -351,19 +350,17 @@ class RedisStore:
         if not changes:
             return []
         write_id = new_token()
-        args: list[dict[str, Any]] = []
         keys = [self._seq_key]
-        flat: list[bytes | str] = []
-        if stream is not None:
+        args: list[Any] = [self.keyspace, write_id, len(changes)]
+        if stream is None:
+            for change in changes:
+                args += self._change_args(change)
+        else:
+            if len(entries) != len(changes):
+                raise ValueError(f"{len(entries)} broker entries for {len(changes)} changes")
             keys.append(stream)
-        for i, change in enumerate(changes):
-            arg, values = self._change_args(change)
-            args.append(arg)
-            flat.extend(values)
-            if stream is not None:
-                arg["xn"] = len(entries[i])
-                flat.extend(entries[i])
-        batch = encode(args)
+            for change, entry in zip(changes, entries, strict=True):
+                args += self._change_args(change, entry)
         tried = False
 
         def attempt() -> Any:
@@ -375,7 +372,7 @@ class RedisStore:
                     seqs, refs = applied
                     return ["ok", *seqs, *(refs if stream is not None else ())]
             tried = True
-            return self._commit(keys=keys, args=[self.keyspace, write_id, batch, *flat])
+            return self._commit(keys=keys, args=args)
 
         result = self._call(attempt)
         if result[0] == "stale":
@@ -420,9 +417,9 @@ class RedisStore:
             return False
         return any(history[i : i + len(mine)] == mine for i in range(len(history)))
 
-    def _change_args(self, change: Change) -> tuple[dict[str, Any], list[str]]:
-        """The batch entry of a change, and its values passed beside the batch (the
-        record JSON, then its journal rows): see stores/lua/commit.lua."""
+    def _change_args(self, change: Change, entry: Sequence[bytes | str] = ()) -> list[Any]:
+        """A change as the positional values stores/lua/commit.lua reads, with the broker
+        entry's field/value values (a put through a co-located adapter) at the end."""
         rec = change.record
         k, q = self.keyspace, rec.queue
         by_seq = [f"{k}q:{q}"]
@@ -432,13 +429,13 @@ class RedisStore:
             by_seq.append(f"{k}k:{q}/{rec.correlation_id}")
         if rec.lock_id is not None:
             by_seq.append(f"{k}l:{q}/{rec.lock_id}")
-        fields: list[list[str]] = [["u", str(rec.updated_at)]]
+        fields: list[str] = ["u", str(rec.updated_at)]
         if rec.expires_at is not None:
-            fields.append(["x", str(rec.expires_at)])
+            fields += ["x", str(rec.expires_at)]
         if rec.lock_id is not None:
-            fields.append(["lk", rec.lock_id])
+            fields += ["lk", rec.lock_id]
             if rec.lock_until is not None:
-                fields.append(["lu", str(rec.lock_until)])
+                fields += ["lu", str(rec.lock_until)]
         by_claim: list[str] = []
         for m in rec.members.values():
             if m.state is _AVAILABLE:
@@ -446,28 +443,37 @@ class RedisStore:
                 if m.attempt >= 2:
                     by_claim.append(f"{k}r:{q}/{m.subscriber}")
                 if m.not_before is not None:
-                    fields.append([f"b:{m.subscriber}", str(m.not_before)])
+                    fields += [f"b:{m.subscriber}", str(m.not_before)]
         due = rec.due_at()
+        by_due = [f"{k}d", f"{k}d:{q}"] if due is not None else []
         entries = change.journal
         journal = [
             entries_to_json(entries[i : i + JOURNAL_PER_ROW])
             for i in range(0, len(entries), JOURNAL_PER_ROW)
         ]
-        return {
-            "id": rec.msg_id,
-            "c": 1 if change.created else 0,
-            "ev": str(change.expected_version),
-            "v": str(rec.version),
-            "q": q,
-            "p": rec.priority,
-            "n": rec.native_ref or "",
-            "nj": len(journal),
-            "f": fields,
-            "ks": by_seq,
-            "kc": by_claim,
-            "kd": [f"{k}d", f"{k}d:{q}"] if due is not None else [],
-            "due": str(due) if due is not None else "",
-        }, [record_to_json(rec), *journal]
+        return [
+            rec.msg_id,
+            "1" if change.created else "0",
+            str(change.expected_version),
+            str(rec.version),
+            q,
+            str(rec.priority),
+            rec.native_ref or "",
+            str(due) if due is not None else "",
+            len(fields),
+            *fields,
+            len(by_seq),
+            *by_seq,
+            len(by_claim),
+            *by_claim,
+            len(by_due),
+            *by_due,
+            record_to_json(rec),
+            len(journal),
+            *journal,
+            len(entry),
+            *entry,
+        ]
 
     def set_native_ref(self, msg_id: str, native_ref: str) -> None:
         """Record where the broker keeps the payload (not a state change)."""

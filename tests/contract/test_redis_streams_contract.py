@@ -1,5 +1,9 @@
 """The adapter contract on Redis Streams, with the Redis index store, on the real server.
 
+Twice: with the index in the broker's database (the default: co-located, a put and a
+receive are one round trip each with the index) and with the index in another database
+(the general path: index and broker written apart).
+
 Every test gets its own stream prefix and index key prefix, so tests never see each
 other's streams; both are deleted afterwards.
 """
@@ -14,7 +18,7 @@ import iqbridge
 from iqbridge.adapters.redis_streams import RedisStreamsAdapter
 from iqbridge.queue import Queue
 from iqbridge.testing.adapter_contract import AdapterContract
-from tests.redis_index_helpers import REDIS_URL, drop_streams, fresh_prefix
+from tests.redis_index_helpers import REDIS_URL, drop_keys, drop_streams, fresh_prefix, other_db_url
 
 pytestmark = pytest.mark.redis
 
@@ -30,9 +34,11 @@ class TestRedisStreamsAdapter(AdapterContract):
                 drop_streams(f"{prefix}:")
 
     def make_hub(self, clock: Callable[[], float]) -> iqbridge.Hub:
-        return iqbridge.connect(
+        hub = iqbridge.connect(
             f"{REDIS_URL}?prefix={self.prefix}&stream_prefix={self.prefix}:", clock=clock
         )
+        assert hub.colocated is not None
+        return hub
 
     def force_redelivery(
         self, hub: iqbridge.Hub, queue: Queue, msg_id: str, subscriber: str
@@ -44,3 +50,23 @@ class TestRedisStreamsAdapter(AdapterContract):
         assert rec.native_ref is not None
         member = rec.members[subscriber]
         adapter.redeliver(queue.name, member.pool or subscriber, rec.native_ref)
+
+
+class TestRedisStreamsIndexApart(TestRedisStreamsAdapter):
+    """The same contract with the index in another database: not co-located."""
+
+    @pytest.fixture(autouse=True)
+    def _apart(self, _prefix: None) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            drop_keys(self.prefix, other_db_url())
+
+    def make_hub(self, clock: Callable[[], float]) -> iqbridge.Hub:
+        hub = iqbridge.connect(
+            f"{REDIS_URL}?prefix={self.prefix}&stream_prefix={self.prefix}:",
+            index=f"{other_db_url()}?prefix={self.prefix}",
+            clock=clock,
+        )
+        assert hub.colocated is None
+        return hub

@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import redis
@@ -203,13 +204,48 @@ def test_a_lost_index_reply_then_another_writer_is_still_recognised_as_applied(
         assert adapter.pending("orders", "a") == {}
 
 
+def test_a_colocated_put_whose_reply_is_lost_is_applied_once(
+    proxied: tuple[HookedProxy, str, str],
+) -> None:
+    """With the index on the broker's server, a put is one script (records and entries
+    together). Its reply is lost after Redis ran it: the retry finds the record under its
+    write id and takes the entry id from it, so there is one entry and one record."""
+    proxy, via_proxy, direct = proxied
+    with iqbridge.connect(via_proxy) as hub, iqbridge.connect(direct) as other:
+        assert hub.colocated is not None
+        q, q_other = hub.queue("orders"), other.queue("orders")
+        q.subscribe("a")
+        proxy.arm(b"EVALSHA", b"iq-id")
+        msg_id = q.put({"n": 1})
+        assert proxy.dropped == 1
+        adapter = hub.adapter
+        assert isinstance(adapter, RedisStreamsAdapter)
+        with redis.Redis.from_url(REDIS_URL) as raw:
+            entries = raw.xrange(adapter.key("orders"))
+        assert len(entries) == 1
+        assert entries[0][1][b"iq-id"] == msg_id.encode()
+        st = q_other.state(msg_id)
+        assert [s for s, _ in st.publisher_history] == [
+            PublisherState.PUT,
+            PublisherState.REVEALED,
+        ]
+        d = q_other.get("a")
+        assert d is not None and d.msg_id == msg_id and d.payload == {"n": 1}
+        d.done()
+        assert q_other.get("a") is None
+
+
 def test_a_put_whose_xadd_reply_is_lost_is_delivered_once(
     proxied: tuple[HookedProxy, str, str],
 ) -> None:
-    """Redis added the entry, the reply was lost, the retry added a second one: the put
-    returns once, and each member gets the message once; the other entry is acknowledged."""
+    """The index elsewhere (not co-located: record first, then XADD). Redis added the
+    entry, the reply was lost, the retry added a second one: the put returns once, and
+    each member gets the message once; the other entry is acknowledged."""
     proxy, via_proxy, direct = proxied
-    with iqbridge.connect(via_proxy) as hub, iqbridge.connect(direct) as other:
+    prefix = parse_qs(urlsplit(direct).query)["prefix"][0]
+    index = f"{REDIS_URL}?prefix={prefix}"
+    with iqbridge.connect(via_proxy, index=index) as hub, iqbridge.connect(direct) as other:
+        assert hub.colocated is None  # the index is reached directly, the broker by proxy
         q, q_other = hub.queue("orders"), other.queue("orders")
         q.subscribe("a", "b")
         q.subscribe_pool("p", ["p1", "p2"])

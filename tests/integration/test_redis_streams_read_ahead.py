@@ -8,6 +8,8 @@ import pytest
 import redis
 
 import iqbridge
+from iqbridge import SubscriberState
+from iqbridge.adapters.redis_streams import RedisStreamsAdapter
 from tests.redis_index_helpers import REDIS_URL, drop_streams, fresh_prefix
 
 pytestmark = pytest.mark.redis
@@ -58,3 +60,58 @@ def test_held_acknowledgements_are_sent_on_close(url: str) -> None:
         assert client.xpending(stream, "a")["pending"] == 0
     finally:
         client.close()
+
+
+def test_a_record_read_ahead_that_went_stale_is_decided_afresh(url: str) -> None:
+    """Entries are read ahead with their index records; a message withdrawn meanwhile is
+    not delivered on the strength of its old record, and its entry is acknowledged."""
+    with iqbridge.connect(url) as hub, iqbridge.connect(url) as other:
+        assert hub.colocated is not None
+        queue = hub.queue("orders")
+        queue.subscribe("a")
+        ids = queue.put_many([b"1", b"2", b"3"])
+        first = queue.get("a")  # reads 2 and 3 ahead, records included
+        assert first is not None and first.msg_id == ids[0]
+        other.queue("orders").withdraw(ids[1])
+        first.done()
+        second = queue.get("a")
+        assert second is not None and second.msg_id == ids[2]
+        second.done()
+        assert queue.get("a") is None
+        member = queue.state(ids[1]).subscribers["a"]
+        assert member.state is SubscriberState.JOURNALLED
+        assert [s for s, _ in member.history][-2:] == [
+            SubscriberState.EXPIRED,
+            SubscriberState.JOURNALLED,
+        ]
+        adapter = hub.adapter
+        assert isinstance(adapter, RedisStreamsAdapter)
+        adapter.flush()
+        assert adapter.pending("orders", "a") == {}
+
+
+def test_a_pool_member_reads_its_own_group_and_its_pool_in_one_round_trip(url: str) -> None:
+    """A pool member named directly in a put and serving its pool: one receive script
+    call covers both groups, in order (its own group first)."""
+    with iqbridge.connect(url) as hub:
+        queue = hub.queue("orders")
+        queue.subscribe_pool("workers", ["w1", "w2"])
+        pooled = queue.put(b"pooled")
+        direct = queue.put(b"direct", to="w1")
+        adapter = hub.adapter
+        assert isinstance(adapter, RedisStreamsAdapter)
+        calls = 0
+        script = adapter._receive
+
+        def counting(*args: object, **kwargs: object) -> object:
+            nonlocal calls
+            calls += 1
+            return script(*args, **kwargs)
+
+        adapter._receive = counting  # type: ignore[assignment]
+        got = []
+        while (d := queue.get("w1")) is not None:
+            got.append(d.msg_id)
+            d.done()
+        assert got == [direct, pooled]
+        assert calls == 3  # one per delivery, one that found nothing
