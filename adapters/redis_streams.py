@@ -25,7 +25,9 @@ all its fields as a JSON object (``application/json``).
 Options: ``prefix`` (the Redis index store's key prefix, default ``default``),
 ``stream_prefix`` (prepended to queue names to form stream keys, default none),
 ``retry_for`` (seconds to keep retrying a broken connection with backoff, default 30),
-``read_ahead`` (entries a subscriber's own group reads per round trip, default 16),
+``read_ahead`` (entries a consumer reads per round trip and hands out on its next gets,
+default 16; in a pool, what one member read ahead stays claimable by the others through
+the index),
 ``socket_timeout`` and ``socket_connect_timeout`` (seconds, default 10 and 5). Its default
 index is the Redis index store on the same server and database; it retries for
 ``retry_for`` too.
@@ -99,8 +101,10 @@ _H = "iq-h-"
 #: addressed (``iq-to``) to other groups only are acknowledged for the group on the way
 #: and never leave the server. Held acknowledgements of each group go first. With a
 #: record prefix (the Redis index on the same server), each entry's index record is read
-#: too. Returns [id, fields, how, group number, record] rows: how = 1 for a first
-#: delivery, 2 for a redelivery; record = {v, s, n, r} or false.
+#: too. Returns rows [id, how, group number, payload, JSON {"f": other fields, "r":
+#: record {v, s, n, r} or false}] for iqbridge entries and [id, how, group number, flat
+#: fields] for others (a legacy producer's); how = 1 for a first delivery, 2 for a
+#: redelivery.
 #:
 #: ARGV: consumer, idle ms, requeue consumer, scan limit, record prefix ("" for none),
 #: number of groups, then per group: name, count, number of acks, the acks.
@@ -136,14 +140,26 @@ for g = 1, ngroups do
       if type(fields) == 'table' then
         local to = field(fields, 'iq-to')
         if to == nil or string.find(' ' .. to .. ' ', ' ' .. group .. ' ', 1, true) then
-          local rec = false
-          if rp ~= '' then
-            local id = field(fields, 'iq-id')
-            if id then
+          local id = field(fields, 'iq-id')
+          if id then
+            -- An iqbridge entry: the payload as it is, everything else in one JSON
+            -- text (a few reply elements instead of two per field).
+            local meta, body = {}, ''
+            for i = 1, #fields, 2 do
+              if fields[i] == 'payload' then
+                body = fields[i + 1]
+              else
+                meta[fields[i]] = fields[i + 1]
+              end
+            end
+            local rec = false
+            if rp ~= '' then
               rec = redis.call('HMGET', rp .. 'm:' .. id, 'v', 's', 'n', 'r')
             end
+            out[#out + 1] = {e[1], how, g, body, cjson.encode({f = meta, r = rec})}
+          else
+            out[#out + 1] = {e[1], how, g, fields}
           end
-          out[#out + 1] = {e[1], fields, how, g, rec}
           got = got + 1
         else
           redis.call('XACK', key, group, e[1])
@@ -215,37 +231,38 @@ def encode_fields(env: Envelope) -> dict[str, bytes | str]:
 
 def decode_fields(stream: str, ref: str, raw: dict[bytes, bytes]) -> tuple[Envelope, bool]:
     """The envelope of a stream entry, and whether it was adopted (no ``iq-id``)."""
-    text = {k.decode("utf-8", "replace"): v for k, v in raw.items()}
-    msg_id = text.get("iq-id")
-    if msg_id is None:
+    if b"iq-id" not in raw:
         return _adopt(stream, ref, raw), True
+    text = {
+        k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
+        for k, v in raw.items()
+        if k != _PAYLOAD
+    }
+    return _envelope(raw.get(_PAYLOAD, b""), text), False
 
-    def field(name: str, default: str = "") -> str:
-        value = text.get(name)
-        return value.decode("utf-8", "replace") if value is not None else default
 
+def _envelope(body: bytes, text: dict[str, str]) -> Envelope:
+    """The envelope of an iqbridge entry from its payload and its other fields as text."""
+    get = text.get
     try:
-        priority = int(field("iq-prio", "4"))
-        put_at = int(field("iq-at", "0"))
-        parents = tuple(json.loads(field("iq-parents", "[]")))
+        priority = int(get("iq-prio", "4"))
+        put_at = int(get("iq-at", "0"))
+        parents = tuple(str(p) for p in json.loads(get("iq-parents", "[]")))
     except (ValueError, TypeError):
         priority, put_at, parents = 4, 0, ()
-    env = Envelope(
-        msg_id=msg_id.decode("utf-8", "replace"),
-        body=raw.get(_PAYLOAD, b""),
-        content_type=field("iq-ct", "application/octet-stream"),
-        headers={
-            k[len(_H) :]: v.decode("utf-8", "replace") for k, v in text.items() if k.startswith(_H)
-        },
-        publisher=field("iq-pub"),
-        correlation_id=text["iq-corr"].decode("utf-8", "replace") if "iq-corr" in text else None,
+    return Envelope(
+        msg_id=text["iq-id"],
+        body=body,
+        content_type=get("iq-ct", "application/octet-stream"),
+        headers={k[len(_H) :]: v for k, v in text.items() if k.startswith(_H)},
+        publisher=get("iq-pub", ""),
+        correlation_id=get("iq-corr"),
         priority=priority,
-        ordering_key=field("iq-key"),
-        parents=tuple(str(p) for p in parents),
+        ordering_key=get("iq-key", ""),
+        parents=parents,
         put_at=put_at,
-        groups=tuple(field("iq-to").split()),
+        groups=tuple(get("iq-to", "").split()),
     )
-    return env, False
 
 
 def _adopt(stream: str, ref: str, raw: dict[bytes, bytes]) -> Envelope:
@@ -509,10 +526,10 @@ class RedisStreamsAdapter:
             acks = {g: self._acks.pop((key, g), []) for g in groups}
         idle_ms = max(int(min_idle * 1000), 1) if min_idle is not None else 0
         args: list[Any] = [consumer, idle_ms, REQUEUE_CONSUMER, _SCAN, record_prefix, len(groups)]
+        want = max(count, self.read_ahead)
         for group in groups:
-            # Read ahead only in a group of one consumer (a subscriber's own group): in a
-            # pool's group, entries read ahead would be hoarded from the other members.
-            want = max(count, self.read_ahead if group == consumer else 1)
+            # Also in a pool's group: the facade offers a member's read-ahead entries to
+            # the other members through the index (Queue._claim_read_ahead).
             args += [group, want, len(acks[group]), *acks[group]]
         try:
             rows: Any = self._call(lambda: self._receive(keys=[key], args=args))
@@ -521,25 +538,36 @@ class RedisStreamsAdapter:
                 if refs:
                     self._hold_acks(key, group, refs)
             raise
-        got: list[Received] = []
-        for ref, fields, how, number, rec in rows:
-            group = groups[int(number) - 1]
-            env, adopted = decode_fields(key, _text(ref), _pairs(fields))
-            got.append(
-                Received(
-                    _text(ref),
-                    group,
-                    env,
-                    adopted,
-                    delivery_count=int(how),
-                    record=_record(env.msg_id, rec) if rec and not adopted else None,
-                )
-            )
+        got = [self._row(key, groups, row) for row in rows]
         if len(got) > count:
             with self._lock:
                 slot = (key, got[0].group, consumer)
                 self._ahead.setdefault(slot, deque()).extend(got[count:])
         return got[:count]
+
+    def _row(self, key: str, groups: Sequence[str], row: Sequence[Any]) -> Received:
+        """One row of the receive script as a :class:`Received`."""
+        ref, group = _text(row[0]), groups[int(row[2]) - 1]
+        how = int(row[1])
+        if len(row) == 4:  # not an iqbridge entry: every field as it is
+            env, adopted = decode_fields(key, ref, _pairs(row[3]))
+            return Received(ref, group, env, adopted, delivery_count=how)
+        try:
+            meta = json.loads(row[4])
+            text: dict[str, str] = meta["f"]
+            env = _envelope(bytes(row[3]), text)
+        except (ValueError, TypeError, KeyError):
+            # Fields that are not UTF-8 text under an iq-id: read the entry as it is.
+            found: Any = self._call(lambda: self._r.xrange(key, ref, ref))
+            if not found:
+                raise BrokerUnavailable(
+                    f"Redis at {self.url}: entry {ref} of {key} vanished while being read"
+                ) from None
+            env, adopted = decode_fields(key, ref, found[0][1])
+            return Received(ref, group, env, adopted, delivery_count=how)
+        rec = meta.get("r")
+        record = _record(env.msg_id, rec) if rec else None
+        return Received(ref, group, env, delivery_count=how, record=record)
 
     # --- one round trip with the Redis index on the same server (Colocated) -----------
 
@@ -705,17 +733,12 @@ def _server(client: redis.Redis) -> tuple[object, ...]:
 
 
 def _record(msg_id: str, flat: Sequence[Any]) -> MessageRecord | None:
-    """An index record read by the receive script (v, s, n, r), or None if absent."""
+    """An index record read by the receive script ([v, s, n, r], JSON false for a field
+    that is missing), or None if it has none."""
     v, seq, native, body = flat
-    if v is None or body is None:
+    if not v or not body:
         return None
-    return record_from_json(
-        msg_id,
-        bytes(body),
-        version=int(v),
-        seq=int(seq),
-        native_ref=_text(native) if native else None,
-    )
+    return record_from_json(msg_id, body, version=int(v), seq=int(seq), native_ref=native or None)
 
 
 def _text(value: Any) -> str:

@@ -656,7 +656,7 @@ class Queue:
                     delivery = self._accept(received, subscriber, now, owner, lease_until)
                     if delivery is not None:
                         return delivery
-            return None
+            return self._claim_read_ahead(subscriber, groups, now, owner, lease_until)
         for group in groups:
             self._declare_groups([group])
             # A group also carries entries this subscriber must skip (addressed to others,
@@ -671,7 +671,20 @@ class Queue:
                     delivery = self._accept(received, subscriber, now, owner, lease_until)
                     if delivery is not None:
                         return delivery
-        return None
+        return self._claim_read_ahead(subscriber, groups, now, owner, lease_until)
+
+    def _claim_read_ahead(
+        self, subscriber: str, groups: Sequence[str], now: int, owner: str, lease_until: int | None
+    ) -> Delivery | None:
+        """For a pool member whose groups had nothing: messages still AVAILABLE whose
+        entries another member read ahead (they wait in that member's process, not in the
+        group), claimed through the index; the other member then finds them taken."""
+        if all(group == subscriber for group in groups):
+            return None  # no pool: nobody else reads this subscriber's group
+        ids = self._store.claimable(self.name, subscriber, now, _CLAIM_BATCH)
+        if not ids:
+            return None
+        return self._claim_by_index(subscriber, ids, now, owner, lease_until, None)
 
     def _claim_by_index(
         self,

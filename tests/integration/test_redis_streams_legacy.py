@@ -316,3 +316,23 @@ def test_the_adopted_id_does_not_depend_on_how_a_client_spells_its_url(setup: Se
         st = q2.state(a.msg_id)
         assert st.subscribers["billing"].state is S.JOURNALLED
         assert st.subscribers["audit"].state is S.JOURNALLED
+
+
+def test_an_entry_with_fields_that_are_not_text_is_still_read(setup: Setup) -> None:
+    """A foreign producer wrote ``iq-*`` fields that are not UTF-8: the receive script's
+    compact reply cannot carry them as JSON, so the adapter reads the entry whole and
+    decodes what it can (undecodable bytes become U+FFFD)."""
+    with iqbridge.connect(setup.url) as hub:
+        adapter = hub.adapter
+        assert isinstance(adapter, RedisStreamsAdapter)
+        adapter.declare(QUEUE, ["g"])
+        ref = setup.raw.xadd(
+            setup.key, {"payload": b"\x00\xffbody", "iq-id": "x-1", "iq-h-bin": b"\xff\xfe"}
+        ).decode()
+        got = adapter.receive(QUEUE, "g", "c", count=1, timeout=0)
+        assert [r.native_ref for r in got] == [ref]
+        env = got[0].envelope
+        assert env.msg_id == "x-1"
+        assert env.body == b"\x00\xffbody"
+        assert env.headers == {"bin": "\ufffd\ufffd"}
+        assert not got[0].adopted
