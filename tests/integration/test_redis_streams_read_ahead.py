@@ -115,3 +115,34 @@ def test_a_pool_member_reads_its_own_group_and_its_pool_in_one_round_trip(url: s
             d.done()
         assert got == [direct, pooled]
         assert calls == 3  # one per delivery, one that found nothing
+
+
+def test_what_a_pool_member_read_ahead_is_offered_to_the_other_members(url: str) -> None:
+    """Member w1 reads the pool's entries ahead (they wait in its process, pending with
+    it in the group); member w2 in another process finds the group empty and gets them
+    through the index at once, not after an idle-claim an hour later. w1 then finds them
+    taken: acknowledged, never delivered twice."""
+    with iqbridge.connect(url) as hub_a, iqbridge.connect(url) as hub_b:
+        qa = hub_a.queue("orders", lease=3600)
+        qb = hub_b.queue("orders", lease=3600)
+        qa.subscribe_pool("workers", ["w1", "w2"])
+        ids = qa.put_many([f"m{i}".encode() for i in range(6)])
+        first = qa.get("w1")  # reads the other five ahead
+        assert first is not None and first.msg_id == ids[0]
+        got = []
+        while (d := qb.get("w2")) is not None:
+            assert d.payload == f"m{ids.index(d.msg_id)}".encode()
+            got.append(d.msg_id)
+            d.done()
+        assert got == ids[1:]
+        first.done()
+        assert qa.get("w1") is None
+        for msg_id in ids:
+            members = qa.state(msg_id).subscribers
+            owners = [n for n, v in members.items() if SubscriberState.DONE in dict(v.history)]
+            assert owners == (["w1"] if msg_id == ids[0] else ["w2"]), msg_id
+        for hub in (hub_a, hub_b):
+            adapter = hub.adapter
+            assert isinstance(adapter, RedisStreamsAdapter)
+            adapter.flush()
+        assert adapter.pending("orders", "workers") == {}
