@@ -66,7 +66,7 @@ from iqbridge.errors import BrokerUnavailable, ConfigurationError, IQError
 from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope, MessageRecord, Received
 from iqbridge.stores.codec import record_from_json
-from iqbridge.stores.redis import RedisStore
+from iqbridge.stores.redis import DirectScripts, RedisStore
 
 __all__ = ["REQUEUE_CONSUMER", "RedisStreamsAdapter", "decode_fields", "encode_fields"]
 
@@ -312,6 +312,7 @@ class RedisStreamsAdapter:
         self.retry_for = retry_for
         self._groups: set[tuple[str, str]] = set()
         self._receive = client.register_script(_RECEIVE)
+        self._direct = DirectScripts(client)
         self.read_ahead = max(read_ahead, 1)
         self._lock = threading.Lock()
         #: Entries read ahead, per (stream, group, consumer), handed out by later receives.
@@ -532,7 +533,7 @@ class RedisStreamsAdapter:
             # the other members through the index (Queue._claim_read_ahead).
             args += [group, want, len(acks[group]), *acks[group]]
         try:
-            rows: Any = self._call(lambda: self._receive(keys=[key], args=args))
+            rows: Any = self._call(lambda: self._direct.run(self._receive, [key], args))
         except BaseException:
             for group, refs in acks.items():
                 if refs:

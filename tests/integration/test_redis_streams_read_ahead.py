@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -101,14 +102,14 @@ def test_a_pool_member_reads_its_own_group_and_its_pool_in_one_round_trip(url: s
         adapter = hub.adapter
         assert isinstance(adapter, RedisStreamsAdapter)
         calls = 0
-        script = adapter._receive
+        run = adapter._direct.run
 
-        def counting(*args: object, **kwargs: object) -> object:
+        def counting(script: Any, keys: Any, args: Any) -> Any:
             nonlocal calls
-            calls += 1
-            return script(*args, **kwargs)
+            calls += script is adapter._receive
+            return run(script, keys, args)
 
-        adapter._receive = counting  # type: ignore[assignment]
+        adapter._direct.run = counting  # type: ignore[method-assign]
         got = []
         while (d := queue.get("w1")) is not None:
             got.append(d.msg_id)
