@@ -63,6 +63,9 @@ class Change:
     expected_version: int
     dirty: set[str] = field(default_factory=set)
     created: bool = False
+    #: The record the change was computed from (at ``expected_version``), or None for a
+    #: new message: a store can tell from it what to take out of its indexes.
+    before: MessageRecord | None = None
 
     @property
     def msg_id(self) -> str:
@@ -73,10 +76,11 @@ class Change:
 class _Step:
     """Accumulates the moves of one atomic change on a private copy of a record."""
 
-    __slots__ = ("dirty", "expected", "journal", "now", "rec")
+    __slots__ = ("before", "dirty", "expected", "journal", "now", "rec")
 
     def __init__(self, record: MessageRecord, now: int, *, copy: bool = True) -> None:
         self.expected = record.version
+        self.before = record if copy else None
         self.rec = record.copy() if copy else record
         # Never stamp a move earlier than the record's last change: histories stay
         # time-ordered even when writers' clocks disagree slightly.
@@ -159,7 +163,7 @@ class _Step:
         rec = self.rec
         rec.updated_at = self.now
         rec.version = self.expected + 1
-        return Change(rec, self.journal, self.expected, self.dirty)
+        return Change(rec, self.journal, self.expected, self.dirty, before=self.before)
 
 
 def chain(first: Change, then: Callable[[MessageRecord], Change]) -> Change:
@@ -171,6 +175,7 @@ def chain(first: Change, then: Callable[[MessageRecord], Change]) -> Change:
         first.expected_version,
         first.dirty | second.dirty,
         first.created,
+        first.before,
     )
 
 

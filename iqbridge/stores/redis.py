@@ -73,6 +73,7 @@ from iqbridge.states import PublisherState, SubscriberState
 from iqbridge.stores.base import PurgedMessage, StaleRecord
 from iqbridge.stores.codec import (
     JOURNAL_PER_ROW,
+    encode,
     entries_from_json,
     entries_to_json,
     matches,
@@ -471,25 +472,26 @@ class RedisStore:
             return False
         return any(history[i : i + len(mine)] == mine for i in range(len(history)))
 
-    def _change_args(self, change: Change, entry: Sequence[bytes | str] = ()) -> list[Any]:
-        """A change as the positional values stores/lua/commit.lua reads, with the broker
-        entry's field/value values (a put through a co-located adapter) at the end."""
-        rec = change.record
+    def _layout(
+        self, rec: MessageRecord
+    ) -> tuple[list[str], list[str], int | None, dict[str, str]]:
+        """Where a record stands: its index keys scored by put order and by claim order,
+        its due time, and its optional hash fields (what the scripts filter on)."""
         k, q = self.keyspace, rec.queue
         by_seq = [f"{k}q:{q}"]
         if rec.publisher_state is not None:
-            by_seq.append(f"{k}p:{q}/{rec.publisher_state.value}")
+            by_seq.append(f"{k}p:{q}/{rec.publisher_state}")
         if rec.correlation_id is not None:
             by_seq.append(f"{k}k:{q}/{rec.correlation_id}")
         if rec.lock_id is not None:
             by_seq.append(f"{k}l:{q}/{rec.lock_id}")
-        fields: list[str] = ["u", str(rec.updated_at)]
+        opt: dict[str, str] = {}
         if rec.expires_at is not None:
-            fields += ["x", str(rec.expires_at)]
+            opt["x"] = str(rec.expires_at)
         if rec.lock_id is not None:
-            fields += ["lk", rec.lock_id]
+            opt["lk"] = rec.lock_id
             if rec.lock_until is not None:
-                fields += ["lu", str(rec.lock_until)]
+                opt["lu"] = str(rec.lock_until)
         by_claim: list[str] = []
         for m in rec.members.values():
             if m.state is _AVAILABLE:
@@ -497,9 +499,37 @@ class RedisStore:
                 if m.attempt >= 2:
                     by_claim.append(f"{k}r:{q}/{m.subscriber}")
                 if m.not_before is not None:
-                    fields += [f"b:{m.subscriber}", str(m.not_before)]
-        due = rec.due_at()
-        by_due = [f"{k}d", f"{k}d:{q}"] if due is not None else []
+                    opt[f"b:{m.subscriber}"] = str(m.not_before)
+        return by_seq, by_claim, rec.due_at(), opt
+
+    def _change_args(self, change: Change, entry: Sequence[bytes | str] = ()) -> list[Any]:
+        """A change as the positional values stores/lua/commit.lua reads: what to write
+        and, from the record the change started from, which index entries and fields to
+        add or take away; with a co-located put, the broker entry's field/value values."""
+        rec = change.record
+        by_seq, by_claim, due, opt = self._layout(rec)
+        before = None if change.created else change.before
+        if before is None:
+            old_seq: list[str] = []
+            old_claim: list[str] = []
+            old_due: int | None = None
+            old_opt: dict[str, str] = {}
+        else:
+            old_seq, old_claim, old_due, old_opt = self._layout(before)
+        due_key = f"{self.keyspace}d:{rec.queue}"
+        ix = [*by_seq, *by_claim]
+        if due is not None:
+            ix.append(due_key)
+        gone = [key for key in old_seq if key not in by_seq]
+        gone += [key for key in old_claim if key not in by_claim]
+        if old_due is not None and due is None:
+            gone.append(due_key)
+        fields = ["u", str(rec.updated_at)]
+        for name, value in opt.items():
+            fields += [name, value]
+        unset = [name for name in old_opt if name not in opt]
+        add_seq = [key for key in by_seq if key not in old_seq]
+        add_claim = [key for key in by_claim if key not in old_claim]
         entries = change.journal
         journal = [
             entries_to_json(entries[i : i + JOURNAL_PER_ROW])
@@ -510,19 +540,22 @@ class RedisStore:
             "1" if change.created else "0",
             str(change.expected_version),
             str(rec.version),
-            q,
+            rec.queue,
             str(rec.priority),
             rec.native_ref or "",
-            str(due) if due is not None else "",
+            record_to_json(rec),
+            encode(ix),
+            str(due) if due is not None and due != old_due else "",
             len(fields),
             *fields,
-            len(by_seq),
-            *by_seq,
-            len(by_claim),
-            *by_claim,
-            len(by_due),
-            *by_due,
-            record_to_json(rec),
+            len(unset),
+            *unset,
+            len(add_seq),
+            *add_seq,
+            len(add_claim),
+            *add_claim,
+            len(gone),
+            *gone,
             len(journal),
             *journal,
             len(entry),
@@ -566,11 +599,26 @@ class RedisStore:
         return list(self._call(lambda: self._available(keys=keys, args=args)))
 
     def due(self, queue: str | None, now: int, limit: int) -> list[str]:
-        """Ids with a lapsed lease, time limit or browse lock."""
-        key = f"{self.keyspace}d:{queue}" if queue else f"{self.keyspace}d"
-        return list(
-            self._call(lambda: self._r.zrange(key, "-inf", now, byscore=True, offset=0, num=limit))
-        )
+        """Ids with a lapsed lease, time limit or browse lock (earliest first)."""
+        queues = [queue] if queue else self.queues()
+        found: list[tuple[float, str]] = []
+        for name in queues:
+            key = f"{self.keyspace}d:{name}"
+            rows = self._call(
+                partial(
+                    self._r.zrange,
+                    key,
+                    "-inf",
+                    now,
+                    byscore=True,
+                    offset=0,
+                    num=limit,
+                    withscores=True,
+                )
+            )
+            found += [(score, msg_id) for msg_id, score in rows]
+        found.sort()
+        return [msg_id for _, msg_id in found[:limit]]
 
     def history(self, msg_id: str) -> list[JournalEntry]:
         """Every journal entry of one message, in order."""

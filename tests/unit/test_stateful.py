@@ -9,14 +9,17 @@ which moves the table forbids: a forbidden move must raise a typed iqbridge erro
 change nothing. After every step the index (queue.state, queue.search, hub.journal) is
 checked against the model and against the invariants of state-model.md.
 
-Runs on memory:// (the native consumer-group path; at least 2,000 examples) and on
-sqlite:// (the index-driven path, a fresh file per example).
+Runs on memory:// (the native consumer-group path; at least 2,000 examples), on
+sqlite:// (the index-driven path, a fresh file per example) and on Redis Streams with the
+Redis index (the native path on a real server, checking the index's own bookkeeping).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +67,7 @@ from iqbridge import (
 from iqbridge.model import from_micros
 from iqbridge.states import PUBLISHER_TABLE, SUBSCRIBER_TABLE
 from iqbridge.testing import FakeClock
+from tests.redis_index_helpers import REDIS_URL, drop_keys, drop_streams, fresh_prefix
 
 S = SubscriberState
 P = PublisherState
@@ -641,6 +645,56 @@ class SqliteQueueMachine(QueueMachine):
                 Path(f"{self.path}{suffix}").unlink()
 
 
+class RedisQueueMachine(QueueMachine):
+    """The same machine on Redis Streams with the Redis index on the same server (the
+    co-located path: one-script puts, receives with records, read-ahead). After every
+    example the index's bookkeeping is checked against its records."""
+
+    config = "redis"
+    prefixes = itertools.count()
+
+    def url(self) -> str:
+        self.prefix = f"stateful-{uuid.uuid4().hex[:8]}-{next(self.prefixes)}"
+        return f"{REDIS_URL}?prefix={self.prefix}&stream_prefix={self.prefix}:"
+
+    def teardown(self) -> None:
+        try:
+            check_redis_index(self.hub.store)
+        finally:
+            super().teardown()
+            drop_keys(self.prefix)
+            drop_streams(f"{self.prefix}:")
+
+
+def check_redis_index(store: Any) -> None:
+    """Every sorted set of the index holds exactly the records whose ``ix`` names it, and
+    every record's optional fields are exactly those its state calls for."""
+    from iqbridge.stores.redis import RedisStore
+
+    assert isinstance(store, RedisStore)
+    client = store.client
+    records = {
+        key[len(store.keyspace) + 2 :]: key
+        for key in client.scan_iter(match=f"{store.keyspace}m:*", count=1000)
+    }
+    listed: dict[str, set[str]] = {}
+    for msg_id, key in records.items():
+        raw = client.hgetall(key)
+        ix = set(json.loads(raw["ix"]))
+        for index in ix:
+            assert client.zscore(index, msg_id) is not None, f"{msg_id} missing from {index}"
+            listed.setdefault(index, set()).add(msg_id)
+        rec = store.load(msg_id)
+        _, _, _, optional = store._layout(rec)
+        present = {f for f in raw if f in ("x", "lk", "lu") or f.startswith("b:")}
+        assert present == set(optional), f"{msg_id}: fields {present}, state calls for {optional}"
+        for name, value in optional.items():
+            assert raw[name] == value, (msg_id, name)
+    for index in client.scan_iter(match=f"{store.keyspace}*", count=1000, _type="zset"):
+        members = set(client.zrange(index, 0, -1))
+        assert members == listed.get(index, set()), f"{index}: {members} vs {listed.get(index)}"
+
+
 def run(machine: type[QueueMachine], examples: int, steps: int, *, full_coverage: bool) -> None:
     STATS.clear()
     run_state_machine_as_test(
@@ -681,11 +735,20 @@ UNREACHABLE = {
 
 MEMORY_EXAMPLES = 2000
 SQLITE_EXAMPLES = 150
+REDIS_EXAMPLES = 60
 
 
 @pytest.mark.slow
 def test_state_engine_on_memory() -> None:
     run(QueueMachine, MEMORY_EXAMPLES, steps=30, full_coverage=True)
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_state_engine_on_redis() -> None:
+    with fresh_prefix("stateful"):  # skips (or fails under CI) without a Redis server
+        pass
+    run(RedisQueueMachine, REDIS_EXAMPLES, steps=30, full_coverage=False)
 
 
 @pytest.mark.slow

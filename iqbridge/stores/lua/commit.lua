@@ -6,20 +6,24 @@
 -- ARGV[1]  the key prefix, "{iq:<prefix>}:"
 -- ARGV[2]  this commit's write id, kept on every record it writes (a client that lost
 --          the reply asks the record whether its commit applied)
--- ARGV[3]  the number of changes; then each change as positional values (no JSON to
---          parse here), in this order:
+-- ARGV[3]  the number of changes; then each change as positional values (nothing here
+--          parses JSON), in this order:
 --            id, c (1 = new message), ev (expected version), v (new version), q (queue),
---            p (priority), n (native ref or ""), due (due time or ""),
---            nf, then nf field/value pairs (extra record fields),
---            nks, then nks index keys scored by put order,
---            nkc, then nkc index keys scored by claim order,
---            nkd, then nkd index keys scored by due time,
---            the record JSON,
+--            p (priority), n (native ref or ""), r (the record JSON), ix (JSON list of
+--            every index key the record is in after the change, kept for purge),
+--            due (the due time to index it under in "d:<queue>", or "" to leave that),
+--            nf, then nf field/value values (optional record fields to set),
+--            nu, then nu field names to remove (optional fields no longer set),
+--            nks, then nks index keys to add it to, scored by put order,
+--            nkc, then nkc index keys to add it to, scored by claim order,
+--            ngone, then ngone index keys to take it out of,
 --            nj, then nj journal values (JSON arrays of at most 65536 entries each),
 --            xn, then xn field/value values of a broker entry to XADD to KEYS[2] (a put
 --            through the Redis Streams adapter on the same server: the record keeps the
 --            entry id as its native ref, so record and entry appear together or not at
 --            all).
+--          The client works out which index entries change from the record the change
+--          started from; compare-and-set on the version makes that the stored one.
 --          Numbers arrive as strings: Lua numbers print with 14 digits, too few for
 --          microsecond timestamps.
 --
@@ -40,9 +44,9 @@ local function take()
   return value
 end
 local function span()
-  local count = tonumber(take())
-  local first = argi
-  argi = argi + count
+  local count = tonumber(ARGV[argi])
+  local first = argi + 1
+  argi = first + count
   return first, count
 end
 
@@ -50,12 +54,12 @@ local batch = {}
 for i = 1, tonumber(ARGV[3]) do
   local ch = {}
   ch.id, ch.c, ch.ev, ch.v, ch.q = take(), take(), take(), take(), take()
-  ch.p, ch.n, ch.due = tonumber(take()), take(), take()
+  ch.p, ch.n, ch.r, ch.ix, ch.due = tonumber(take()), take(), take(), take(), take()
   ch.f0, ch.nf = span()
+  ch.u0, ch.nu = span()
   ch.ks0, ch.nks = span()
   ch.kc0, ch.nkc = span()
-  ch.kd0, ch.nkd = span()
-  ch.r = take()
+  ch.g0, ch.ng = span()
   ch.j0, ch.nj = span()
   ch.x0, ch.xn = span()
   batch[i] = ch
@@ -68,7 +72,7 @@ for _, ch in ipairs(batch) do
     return {'stale', ch.id}
   end
   seen[ch.id] = true
-  local old = redis.call('HMGET', P .. 'm:' .. ch.id, 'v', 's', 'h', 'n', 'ix')
+  local old = redis.call('HMGET', P .. 'm:' .. ch.id, 'v', 's', 'h', 'n')
   if ch.c == '1' then
     if old[1] then
       return {'stale', ch.id}
@@ -82,22 +86,19 @@ end
 local out, refs = {'ok'}, {}
 for _, ch in ipairs(batch) do
   local key = P .. 'm:' .. ch.id
-  local seq, hist, native, oldix
+  local old = ch.old
+  local seq, hist, native
   if ch.c == '1' then
     seq = redis.call('INCR', KEYS[1])
     hist = ''
-    native = ch.n
-    oldix = {}
     redis.call('SADD', P .. 'queues', ch.q)
   else
-    local old = ch.old
     seq = tonumber(old[2])
     hist = old[3] or ''
-    native = ch.n
-    if native == '' then
-      native = old[4] or ''
-    end
-    oldix = cjson.decode(old[5] or '[]')
+  end
+  native = ch.n
+  if native == '' then
+    native = old[4] or ''
   end
   local s = string.format('%.0f', seq)
 
@@ -119,51 +120,25 @@ for _, ch in ipairs(batch) do
   end
   refs[#refs + 1] = ch.xn > 0 and native or ''
 
-  -- Secondary indexes: add the record to its keys now, drop it from the others. A
-  -- put-order or claim-order score never changes for a record, so a key it is in
-  -- already is left alone; due times move, so those are always written.
-  local had = {}
-  for _, k in ipairs(oldix) do
-    had[k] = true
-  end
-  local ix, keep = {}, {}
+  -- Secondary indexes: only what changes (a put-order or claim-order score never does).
   for a = ch.ks0, ch.ks0 + ch.nks - 1 do
-    local k = ARGV[a]
-    if not had[k] then
-      redis.call('ZADD', k, s, ch.id)
-    end
-    ix[#ix + 1] = k
-    keep[k] = true
+    redis.call('ZADD', ARGV[a], s, ch.id)
   end
   if ch.nkc > 0 then
     local score = string.format('%.0f', seq - ch.p * SHIFT)
     for a = ch.kc0, ch.kc0 + ch.nkc - 1 do
-      local k = ARGV[a]
-      if not had[k] then
-        redis.call('ZADD', k, score, ch.id)
-      end
-      ix[#ix + 1] = k
-      keep[k] = true
+      redis.call('ZADD', ARGV[a], score, ch.id)
     end
   end
-  for a = ch.kd0, ch.kd0 + ch.nkd - 1 do
-    local k = ARGV[a]
-    redis.call('ZADD', k, ch.due, ch.id)
-    ix[#ix + 1] = k
-    keep[k] = true
+  if ch.due ~= '' then
+    redis.call('ZADD', P .. 'd:' .. ch.q, ch.due, ch.id)
   end
-  for _, k in ipairs(oldix) do
-    if not keep[k] then
-      redis.call('ZREM', k, ch.id)
-    end
+  for a = ch.g0, ch.g0 + ch.ng - 1 do
+    redis.call('ZREM', ARGV[a], ch.id)
   end
 
-  -- The record itself, rewritten whole.
-  local fields = {'v', ch.v, 's', s, 'q', ch.q, 'r', ch.r, 'h', hist, 'w', wid}
-  if #ix > 0 then
-    fields[#fields + 1] = 'ix'
-    fields[#fields + 1] = cjson.encode(ix)
-  end
+  -- The record itself.
+  local fields = {'v', ch.v, 's', s, 'q', ch.q, 'r', ch.r, 'h', hist, 'w', wid, 'ix', ch.ix}
   if native ~= '' then
     fields[#fields + 1] = 'n'
     fields[#fields + 1] = native
@@ -171,8 +146,10 @@ for _, ch in ipairs(batch) do
   for a = ch.f0, ch.f0 + ch.nf - 1 do
     fields[#fields + 1] = ARGV[a]
   end
-  redis.call('DEL', key)
   redis.call('HSET', key, unpack(fields))
+  if ch.nu > 0 then
+    redis.call('HDEL', key, unpack(ARGV, ch.u0, ch.u0 + ch.nu - 1))
+  end
   out[#out + 1] = seq
 end
 if KEYS[2] then
