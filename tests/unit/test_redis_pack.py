@@ -1,0 +1,35 @@
+"""The Redis index's own command packer writes what redis-py writes (no server needed)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+
+from iqbridge.stores.redis import _pack
+
+ARG = st.one_of(
+    st.text(),
+    st.binary(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+)
+
+
+@given(st.lists(ARG, max_size=40))
+def test_the_same_bytes_as_redis_py(args: list[str | bytes | int]) -> None:
+    # The command name first (redis-py splits a first argument with spaces in it).
+    command: list[str | bytes | int] = ["EVALSHA", *args]
+    conn = redis.Connection()  # never connected: only its packer is used
+    assert _pack(command) == b"".join(conn.pack_command(*command))
+
+
+def test_a_large_payload_and_protocol_bytes_inside_arguments() -> None:
+    args: list[str | bytes | int] = ["XADD", "k", "*", "payload", b"\r\n$3\r\n" * 100_000, "é"]
+    assert _pack(args) == b"".join(redis.Connection().pack_command(*args))
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, None])
+def test_other_types_are_refused(bad: object) -> None:
+    with pytest.raises(TypeError, match="script argument"):
+        _pack(["EVALSHA", bad])  # type: ignore[list-item]
