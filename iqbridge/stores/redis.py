@@ -302,6 +302,9 @@ class RedisStore:
                 # Retries are ours (tenacity): the driver's own would re-send a commit
                 # script blindly after a lost reply.
                 retry=Retry(NoBackoff(), 0),
+                # RESP2: redis-py's pure-Python parser reads the scripts' nested replies
+                # in about three quarters of the time RESP3's takes.
+                protocol=2,
             )
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"Redis index URL {safe}: {exc}") from exc
