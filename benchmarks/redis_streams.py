@@ -7,10 +7,12 @@ member. Consumers take one delivery at a time and finish it before taking the ne
 
 * iqbridge: ``queue.put`` -> ``queue.get`` -> ``delivery.done``, with full state
   tracking in the Redis index store on the same server (publisher and subscriber states,
-  a journal entry per transition, leases, once-only).
-* raw redis-py: ``XADD``; each consumer reads with ``XREADGROUP`` (COUNT ``--count``, the
-  same read-ahead the adapter uses) from its group (one group per subscriber, one shared
-  by the pool members) and ``XACK``s each entry once handled.
+  a journal entry per transition, leases, once-only), its defaults unchanged (it reads
+  16 entries ahead per round trip).
+* raw redis-py, with its defaults: ``XADD``; each consumer reads with ``XREADGROUP``
+  (COUNT ``--count``: 1 by default, the plainest consumer; 16 reads as far ahead as the
+  adapter does) from its group (one group per subscriber, one shared by the pool members)
+  and ``XACK``s each entry once handled.
 
 Rounds alternate between the sides and the median of each is reported. The last line is
 ``ratio=<facade/raw>``.
