@@ -557,11 +557,12 @@ class RedisStreamsAdapter:
             env, adopted = decode_fields(key, ref, _pairs(row[3]))
             return Received(ref, group, env, adopted, delivery_count=how)
         try:
-            meta = json.loads(row[4])
+            # Bytes that are not UTF-8 in a field become U+FFFD, as decode_fields does.
+            meta = json.loads(bytes(row[4]).decode("utf-8", "replace"))
             text: dict[str, str] = meta["f"]
             env = _envelope(bytes(row[3]), text)
         except (ValueError, TypeError, KeyError):
-            # Fields that are not UTF-8 text under an iq-id: read the entry as it is.
+            # Not the JSON the script writes (should not happen): read the entry as it is.
             found: Any = self._call(lambda: self._r.xrange(key, ref, ref))
             if not found:
                 raise BrokerUnavailable(

@@ -531,6 +531,11 @@ class RedisStore:
         rec = change.record
         by_seq, by_claim, due, opt = self._layout(rec)
         before = None if change.created else change.before
+        if before is None and not change.created:
+            raise ValueError(
+                f"change of message {change.msg_id} lacks the record it started from "
+                f"(Change.before); make changes with iqbridge.engine"
+            )
         if before is None:
             old_seq: list[str] = []
             old_claim: list[str] = []

@@ -316,3 +316,20 @@ def test_search_pages_through_a_long_index_past_entries_without_a_record(
     assert [h.msg_id for h in hits] == [c.msg_id for c in changes if c.record.priority == 2][:100]
     assert len(store.search(queue, Filter(limit=1000))) == 450
     assert len(store.search(queue, Filter(limit=300))) == 300
+
+
+def test_a_change_without_the_record_it_started_from_is_refused(store: RedisStore) -> None:
+    """The store works out which index entries to move from ``Change.before``; a change
+    made without it (not by the engine) is refused before anything is written."""
+    put = _new("orders", Audience(("a",)))
+    store.commit(put)
+    claim = engine.claim(
+        store.load(put.msg_id), "a", T0 + 1, token=new_token(), owner="o", lease_until=None
+    )
+    claim.before = None
+    with pytest.raises(ValueError, match="lacks the record it started from"):
+        store.commit(claim)
+    rec = store.load(put.msg_id)
+    assert rec.version == put.record.version
+    assert rec.members["a"].state is SubscriberState.AVAILABLE
+    assert store.claimable("orders", "a", T0 + 2, 10) == [put.msg_id]

@@ -319,9 +319,9 @@ def test_the_adopted_id_does_not_depend_on_how_a_client_spells_its_url(setup: Se
 
 
 def test_an_entry_with_fields_that_are_not_text_is_still_read(setup: Setup) -> None:
-    """A foreign producer wrote ``iq-*`` fields that are not UTF-8: the receive script's
-    compact reply cannot carry them as JSON, so the adapter reads the entry whole and
-    decodes what it can (undecodable bytes become U+FFFD)."""
+    """A foreign producer wrote ``iq-*`` fields that are not UTF-8 (the receive script
+    passes them through into its JSON reply): the entry is still read, undecodable bytes
+    become U+FFFD and the payload stays as it was."""
     with iqbridge.connect(setup.url) as hub:
         adapter = hub.adapter
         assert isinstance(adapter, RedisStreamsAdapter)
