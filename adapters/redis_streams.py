@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -320,6 +321,8 @@ class RedisStreamsAdapter:
         #: Acknowledgements not yet sent, per (stream, group), and when the oldest was made.
         self._acks: dict[tuple[str, str], list[str]] = {}
         self._acks_since = 0.0
+        #: When each (stream, *groups) last looked for idle entries (XAUTOCLAIM).
+        self._idle_checked: dict[tuple[str, ...], float] = {}
 
     @classmethod
     def from_url(cls, url: str) -> RedisStreamsAdapter:
@@ -528,7 +531,16 @@ class RedisStreamsAdapter:
                 if ahead:
                     return [ahead.popleft() for _ in range(min(count, len(ahead)))]
             acks = {g: self._acks.pop((key, g), []) for g in groups}
-        idle_ms = max(int(min_idle * 1000), 1) if min_idle is not None else 0
+        idle_ms = 0
+        if min_idle is not None:
+            # XAUTOCLAIM walks the group's pending entries from the start: not on every
+            # receive, but often enough that an entry idle for min_idle waits at most
+            # half as long again (and at most a second) before it is taken over.
+            now = time.monotonic()
+            slot = (key, *groups)
+            if now - self._idle_checked.get(slot, -math.inf) >= min(min_idle / 2, 1.0):
+                self._idle_checked[slot] = now
+                idle_ms = max(int(min_idle * 1000), 1)
         args: list[Any] = [consumer, idle_ms, REQUEUE_CONSUMER, _SCAN, record_prefix, len(groups)]
         want = max(count, self.read_ahead)
         for group in groups:
