@@ -49,8 +49,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 from tenacity import (
     Retrying,
@@ -67,7 +65,7 @@ from iqbridge.errors import BrokerUnavailable, ConfigurationError, IQError
 from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope, MessageRecord, Received
 from iqbridge.stores.codec import record_from_json
-from iqbridge.stores.redis import DirectScripts, RedisStore
+from iqbridge.stores.redis import DirectScripts, RedisStore, transient
 
 __all__ = ["REQUEUE_CONSUMER", "RedisStreamsAdapter", "decode_fields", "encode_fields"]
 
@@ -198,13 +196,6 @@ _SCAN = 256
 #: Acknowledgements held back at most this many, or this many seconds, then sent.
 _ACK_BATCH = 64
 _ACK_DELAY = 0.5
-
-
-def _transient(exc: BaseException) -> bool:
-    """A dropped connection or a timeout (worth another try); a refused login is not."""
-    return isinstance(exc, RedisConnectionError | RedisTimeoutError) and not isinstance(
-        exc, AuthenticationError
-    )
 
 
 def encode_fields(env: Envelope) -> dict[str, bytes | str]:
@@ -407,7 +398,7 @@ class RedisStreamsAdapter:
                 f"Redis at {self.url} refused the login ({exc}); check the user name and "
                 f"password in the broker URL"
             )
-        if _transient(exc):
+        if transient(exc):
             return BrokerUnavailable(
                 f"cannot reach Redis at {self.url} ({type(exc).__name__}: {exc}{tried}); "
                 f"check that Redis is running there and that the URL's host, port and "
@@ -430,11 +421,11 @@ class RedisStreamsAdapter:
         try:
             return fn()
         except RedisError as exc:
-            if not _transient(exc) or self.retry_for <= 0:
+            if not transient(exc) or self.retry_for <= 0:
                 raise self._unavailable(exc) from exc
             log.warning("Redis at %s: %s; reconnecting", self.url, exc)
         retrying = Retrying(
-            retry=retry_if_exception(_transient),
+            retry=retry_if_exception(transient),
             stop=stop_after_delay(self.retry_for),
             wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05),
             before_sleep=before_sleep_log(log, logging.WARNING),
@@ -554,15 +545,15 @@ class RedisStreamsAdapter:
                 if refs:
                     self._hold_acks(key, group, refs)
             raise
-        got = [self._row(key, groups, row) for row in rows]
+        got = [r for r in (self._row(key, groups, row) for row in rows) if r is not None]
         if len(got) > count:
             with self._lock:
                 slot = (key, got[0].group, consumer)
                 self._ahead.setdefault(slot, deque()).extend(got[count:])
         return got[:count]
 
-    def _row(self, key: str, groups: Sequence[str], row: Sequence[Any]) -> Received:
-        """One row of the receive script as a :class:`Received`."""
+    def _row(self, key: str, groups: Sequence[str], row: Sequence[Any]) -> Received | None:
+        """One row of the receive script as a :class:`Received` (None: the entry is gone)."""
         ref, group = _text(row[0]), groups[int(row[2]) - 1]
         how = int(row[1])
         if len(row) == 4:  # not an iqbridge entry: every field as it is
@@ -577,9 +568,7 @@ class RedisStreamsAdapter:
             # Not the JSON the script writes (should not happen): read the entry as it is.
             found: Any = self._call(lambda: self._r.xrange(key, ref, ref))
             if not found:
-                raise BrokerUnavailable(
-                    f"Redis at {self.url}: entry {ref} of {key} vanished while being read"
-                ) from None
+                return None  # deleted meanwhile (a purge): nothing left to deliver
             env, adopted = decode_fields(key, ref, found[0][1])
             return Received(ref, group, env, adopted, delivery_count=how)
         rec = meta.get("r")

@@ -642,29 +642,40 @@ class Queue:
                 return delivery
         min_idle = lease_s if lease_s is not None else self.lease
         groups = self._subscriptions().groups_for(subscriber)
+        self._declare_groups(groups)
         colocated = self.hub.colocated
+        fetches: list[Callable[[], list[Received]]]
         if colocated is not None:
             # One round trip over all the subscriber's groups, index records included.
-            self._declare_groups(groups)
-            for _ in range(_RECEIVE_SKIPS):
-                batch = colocated.receive_indexed(
-                    self.name, groups, subscriber, count=1, min_idle=min_idle, store=self._store
+            fetches = [
+                functools.partial(
+                    colocated.receive_indexed,
+                    self.name,
+                    groups,
+                    subscriber,
+                    count=1,
+                    min_idle=min_idle,
+                    store=self._store,
                 )
-                if not batch:
-                    break
-                for received in batch:
-                    delivery = self._accept(received, subscriber, now, owner, lease_until)
-                    if delivery is not None:
-                        return delivery
-            return self._claim_read_ahead(subscriber, groups, now, owner, lease_until)
-        for group in groups:
-            self._declare_groups([group])
+            ]
+        else:
+            fetches = [
+                functools.partial(
+                    self._adapter.receive,
+                    self.name,
+                    group,
+                    subscriber,
+                    count=1,
+                    timeout=0.0,
+                    min_idle=min_idle,
+                )
+                for group in groups
+            ]
+        for fetch in fetches:
             # A group also carries entries this subscriber must skip (addressed to others,
             # finished, hidden): read on past them, so a message behind them is found now.
             for _ in range(_RECEIVE_SKIPS):
-                batch = self._adapter.receive(
-                    self.name, group, subscriber, count=1, timeout=0.0, min_idle=min_idle
-                )
+                batch = fetch()
                 if not batch:
                     break
                 for received in batch:

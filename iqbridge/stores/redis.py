@@ -84,7 +84,7 @@ from iqbridge.stores.codec import (
     summary,
 )
 
-__all__ = ["DirectScripts", "RedisStore"]
+__all__ = ["DirectScripts", "RedisStore", "transient"]
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def _lua(name: str) -> str:
     )
 
 
-def _transient(exc: BaseException) -> bool:
+def transient(exc: BaseException) -> bool:
     """A dropped connection or a timeout (worth another try); a refused login is not."""
     return isinstance(exc, RedisConnectionError | RedisTimeoutError) and not isinstance(
         exc, AuthenticationError
@@ -161,10 +161,22 @@ def _float_option(opts: dict[str, str], name: str, default: float, url: str) -> 
 class _Held:
     """A thread's own connection, released to the pool when the thread is gone."""
 
-    __slots__ = ("__weakref__", "conn", "pid")
+    __slots__ = ("__weakref__", "conn", "forks")
 
-    def __init__(self, conn: Any, pid: int) -> None:
-        self.conn, self.pid = conn, pid
+    def __init__(self, conn: Any, forks: int) -> None:
+        self.conn, self.forks = conn, forks
+
+
+#: How many forks this process descends from: a connection taken before a fork belongs
+#: to the parent. Counted at fork time, so a call needs no getpid() system call.
+_forks = [0]
+
+
+def _forked() -> None:
+    _forks[0] += 1
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class DirectScripts:
@@ -187,10 +199,9 @@ class DirectScripts:
 
     def _connection(self) -> Any:
         held: _Held | None = getattr(self._local, "held", None)
-        pid = os.getpid()
-        if held is None or held.pid != pid:
+        if held is None or held.forks != _forks[0]:
             conn = self._pool.get_connection()
-            held = _Held(conn, pid)
+            held = _Held(conn, _forks[0])
             weakref.finalize(held, self._pool.release, conn)
             self._local.held = held
         return held.conn
@@ -336,7 +347,7 @@ class RedisStore:
                 f"the Redis index at {self.url} refused the login ({exc}); check the user "
                 f"name and password in the index URL"
             )
-        if _transient(exc):
+        if transient(exc):
             tried = (
                 f"tried {self.retries} times"
                 if self.retry_for is None
@@ -362,11 +373,11 @@ class RedisStore:
         try:
             return fn()
         except RedisError as exc:
-            if not _transient(exc) or (self.retries <= 1 if limit is None else limit <= 0):
+            if not transient(exc) or (self.retries <= 1 if limit is None else limit <= 0):
                 raise self._unavailable(exc) from exc
             log.warning("Redis index %s: %s; retrying", self.url, exc)
         retrying = Retrying(
-            retry=retry_if_exception(_transient),
+            retry=retry_if_exception(transient),
             stop=stop_after_attempt(self.retries - 1) if limit is None else stop_after_delay(limit),
             wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
             before_sleep=before_sleep_log(log, logging.WARNING),
@@ -427,17 +438,12 @@ class RedisStore:
         if not changes:
             return []
         write_id = new_token()
-        keys = [self._seq_key]
+        keys = [self._seq_key] if stream is None else [self._seq_key, stream]
+        if stream is not None and len(entries) != len(changes):
+            raise ValueError(f"{len(entries)} broker entries for {len(changes)} changes")
         args: list[Any] = [self.keyspace, write_id, len(changes)]
-        if stream is None:
-            for change in changes:
-                args += self._change_args(change)
-        else:
-            if len(entries) != len(changes):
-                raise ValueError(f"{len(entries)} broker entries for {len(changes)} changes")
-            keys.append(stream)
-            for change, entry in zip(changes, entries, strict=True):
-                args += self._change_args(change, entry)
+        for i, change in enumerate(changes):
+            args += self._change_args(change, entries[i] if stream is not None else ())
         tried = False
 
         def attempt() -> Any:

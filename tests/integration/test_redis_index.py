@@ -15,6 +15,7 @@ chosen moment; nothing is mocked.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -333,3 +334,32 @@ def test_a_change_without_the_record_it_started_from_is_refused(store: RedisStor
     assert rec.version == put.record.version
     assert rec.members["a"].state is SubscriberState.AVAILABLE
     assert store.claimable("orders", "a", T0 + 2, 10) == [put.msg_id]
+
+
+def test_a_forked_child_takes_its_own_connection(store: RedisStore) -> None:
+    """The hot scripts run on a connection each thread keeps; a forked child must not
+    share its parent's socket (replies would cross) and takes its own, and the parent
+    goes on with its own."""
+    first = _new("orders", Audience(("a",)))
+    store.commit(first)
+    parent_conn = store._direct._connection()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code only
+        code = 1
+        try:
+            child_conn = store._direct._connection()
+            second = _new("orders", Audience(("a",)))
+            store.commit(second)
+            ok = child_conn is not parent_conn and store.load(second.msg_id).version == 1
+            code = 0 if ok else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store._direct._connection() is parent_conn
+    claim = engine.claim(
+        store.load(first.msg_id), "a", T0 + 1, token=new_token(), owner="o", lease_until=None
+    )
+    store.commit(claim)
+    assert store.load(first.msg_id).members["a"].state is SubscriberState.FETCHED
+    assert len(store.claimable("orders", "a", T0 + 2, 10)) == 1  # the child's message
