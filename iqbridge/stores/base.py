@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 from iqbridge.engine import Change
 from iqbridge.model import Filter, JournalEntry, MessageRecord, MessageSummary, Subscriptions
 
-__all__ = ["IndexStore", "PurgedMessage", "StaleRecord"]
+__all__ = ["AvailableQueries", "IndexStore", "PurgedMessage", "StaleRecord"]
 
 
 class StaleRecord(Exception):
@@ -32,6 +32,32 @@ class StaleRecord(Exception):
     def __init__(self, msg_id: str) -> None:
         self.msg_id = msg_id
         super().__init__(f"message {msg_id} changed concurrently")
+
+
+class AvailableQueries:
+    """``claimable`` and ``redeliverable`` for a store that answers both with one query,
+    ``_available(queue, subscriber, now, limit, lock_id, min_attempt)``."""
+
+    def _available(
+        self,
+        queue: str,
+        subscriber: str,
+        now: int,
+        limit: int,
+        lock_id: str | None,
+        min_attempt: int,
+    ) -> list[str]:
+        raise NotImplementedError
+
+    def claimable(
+        self, queue: str, subscriber: str, now: int, limit: int, lock_id: str | None = None
+    ) -> list[str]:
+        """Available ids for a subscriber: priority first, then put order."""
+        return self._available(queue, subscriber, now, limit, lock_id, 1)
+
+    def redeliverable(self, queue: str, subscriber: str, now: int, limit: int) -> list[str]:
+        """Available ids on attempt 2 or later."""
+        return self._available(queue, subscriber, now, limit, None, 2)
 
 
 @dataclass(frozen=True, slots=True)

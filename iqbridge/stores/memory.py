@@ -21,7 +21,7 @@ from iqbridge.model import (
     Subscriptions,
 )
 from iqbridge.states import PublisherState, SubscriberState
-from iqbridge.stores.base import PurgedMessage, StaleRecord
+from iqbridge.stores.base import AvailableQueries, PurgedMessage, StaleRecord
 from iqbridge.stores.codec import matches, summary
 
 __all__ = ["MemoryStore"]
@@ -29,7 +29,7 @@ __all__ = ["MemoryStore"]
 _AVAILABLE = SubscriberState.AVAILABLE
 
 
-class MemoryStore:
+class MemoryStore(AvailableQueries):
     """An index store in process memory. Thread-safe; not shared across processes."""
 
     _named: ClassVar[dict[str, MemoryStore]] = {}
@@ -124,16 +124,6 @@ class MemoryStore:
     def _ordered(self, queue: str) -> list[MessageRecord]:
         ids = self._by_queue.get(queue, {})
         return [self._records[i] for i in ids]
-
-    def claimable(
-        self, queue: str, subscriber: str, now: int, limit: int, lock_id: str | None = None
-    ) -> list[str]:
-        """Available ids for a subscriber, priority first, then put order."""
-        return self._available(queue, subscriber, now, limit, lock_id, 1)
-
-    def redeliverable(self, queue: str, subscriber: str, now: int, limit: int) -> list[str]:
-        """Available ids on attempt 2 or later."""
-        return self._available(queue, subscriber, now, limit, None, 2)
 
     def _available(
         self,

@@ -68,7 +68,7 @@ from iqbridge.model import (
     to_micros,
 )
 from iqbridge.states import ActorKind, Mode, PublisherState, SubscriberState
-from iqbridge.stores.base import PurgedMessage, StaleRecord
+from iqbridge.stores.base import AvailableQueries, PurgedMessage, StaleRecord
 from iqbridge.stores.codec import subscriptions_from_json, subscriptions_to_json, summary
 from iqbridge.stores.sql_schema import SqlOptions, Tables, ensure_schema, make_tables, parse_sql_url
 
@@ -161,7 +161,7 @@ def _sqlite_events(engine: Engine, *, writer: bool) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-class SqlStore:
+class SqlStore(AvailableQueries):
     """The index in a SQL database (see the module docstring)."""
 
     def __init__(self, opts: SqlOptions) -> None:
@@ -578,16 +578,6 @@ class SqlStore:
                 )
         except sa.exc.SQLAlchemyError as exc:
             raise self._unavailable(exc) from None
-
-    def claimable(
-        self, queue: str, subscriber: str, now: int, limit: int, lock_id: str | None = None
-    ) -> list[str]:
-        """Available ids for a subscriber: priority first, then put order."""
-        return self._available(queue, subscriber, now, limit, lock_id, 1)
-
-    def redeliverable(self, queue: str, subscriber: str, now: int, limit: int) -> list[str]:
-        """Available ids on attempt 2 or later."""
-        return self._available(queue, subscriber, now, limit, None, 2)
 
     def _available(
         self,

@@ -54,7 +54,7 @@ from iqbridge.model import (
     to_micros,
 )
 from iqbridge.states import ActorKind, Mode, PublisherState, SubscriberState
-from iqbridge.stores.base import PurgedMessage, StaleRecord
+from iqbridge.stores.base import AvailableQueries, PurgedMessage, StaleRecord
 from iqbridge.stores.codec import JOURNAL_PER_ROW as _PER_ROW
 from iqbridge.stores.codec import entries_from_json, subscriptions_from_json, subscriptions_to_json
 from iqbridge.stores.codec import entries_to_json as _entries_json
@@ -390,7 +390,7 @@ def _translate(exc: sqlite3.Error, path: Path) -> Exception:
     return IndexUnavailable(f"SQLite database {str(path)!r}: {exc}")
 
 
-class SqliteStore:
+class SqliteStore(AvailableQueries):
     """The index in a SQLite file (see the module docstring)."""
 
     def __init__(self, db: SqliteDatabase) -> None:
@@ -542,16 +542,6 @@ class SqliteStore:
         """Record where the payload lives."""
         with self.db.transaction() as conn:
             conn.execute("UPDATE iq_messages SET native_ref=? WHERE msg_id=?", (native_ref, msg_id))
-
-    def claimable(
-        self, queue: str, subscriber: str, now: int, limit: int, lock_id: str | None = None
-    ) -> list[str]:
-        """Available ids for a subscriber: priority first, then put order."""
-        return self._available(queue, subscriber, now, limit, lock_id, 1)
-
-    def redeliverable(self, queue: str, subscriber: str, now: int, limit: int) -> list[str]:
-        """Available ids on attempt 2 or later."""
-        return self._available(queue, subscriber, now, limit, None, 2)
 
     def _available(
         self,
