@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import orjson
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
@@ -561,7 +562,7 @@ class RedisStreamsAdapter:
             return Received(ref, group, env, adopted, delivery_count=how)
         try:
             # Bytes that are not UTF-8 in a field become U+FFFD, as decode_fields does.
-            meta = json.loads(bytes(row[4]).decode("utf-8", "replace"))
+            meta = orjson.loads(bytes(row[4]).decode("utf-8", "replace"))
             text: dict[str, str] = meta["f"]
             env = _envelope(bytes(row[3]), text)
         except (ValueError, TypeError, KeyError):
