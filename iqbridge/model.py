@@ -62,7 +62,37 @@ def check_name(kind: str, name: str) -> str:
         raise AudienceError(f"{kind} name must be a non-empty string of at most {_NAME_MAX} chars")
     if any(c.isspace() or c in "/\x00" for c in name):
         raise AudienceError(f"{kind} name {name!r} may not contain whitespace, '/' or NUL")
+    if not _utf8(name):
+        raise AudienceError(
+            f"{kind} name {name!r} is not valid text (a lone surrogate, as from bytes decoded "
+            f"with errors='surrogateescape'); decode it properly or pick another name"
+        )
     return name
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (it has no lone surrogates), as every store and
+    broker needs."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(kind: str, value: str) -> str:
+    """Validate a free-text field (a correlation id, an ordering key, a header): a str
+    that encodes to UTF-8. Return it."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{kind} must be a str, got {type(value).__name__}")
+    if not _utf8(value):
+        raise InvalidArgument(
+            f"{kind} {value!r} is not valid text (a lone surrogate, as from bytes decoded "
+            f"with errors='surrogateescape'); decode it properly before passing it"
+        )
+    return value
 
 
 @dataclass(frozen=True, slots=True)

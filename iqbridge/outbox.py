@@ -35,7 +35,7 @@ from iqbridge.errors import (
     MessageTooLarge,
 )
 from iqbridge.ids import new_id
-from iqbridge.model import Pool, check_name
+from iqbridge.model import Pool, check_name, check_text
 from iqbridge.payload import encode
 from iqbridge.registry import redact
 
@@ -346,18 +346,21 @@ class Outbox:
         if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
             raise InvalidArgument(f"priority must be an int from 0 to 9, got {priority!r}")
         hdrs = dict(headers or {})
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in hdrs.items()):
-            raise InvalidArgument("headers must map str to str")
+        for k, v in hdrs.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise InvalidArgument("headers must map str to str")
+            check_text(f"header {k!r}", v)
+            check_text("header name", k)
         parent_ids = tuple(parents)
         if not all(isinstance(p, str) and p for p in parent_ids):
             raise InvalidArgument("parents must be msg_id strings")
         ttl_s = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
         if ttl_s is not None and (not isinstance(ttl_s, int | float) or ttl_s < 0):
             raise InvalidArgument(f"ttl must be a non-negative number of seconds, got {ttl!r}")
-        if ordering_key is not None and not isinstance(ordering_key, str):
-            raise InvalidArgument("ordering_key must be a string")
-        if correlation_id is not None and not isinstance(correlation_id, str):
-            raise InvalidArgument("correlation_id must be a string")
+        if ordering_key is not None:
+            check_text("ordering_key", ordering_key)
+        if correlation_id is not None:
+            check_text("correlation_id", correlation_id)
         who = publisher or self.publisher
         if who is not None:
             check_name("publisher", who)

@@ -42,6 +42,7 @@ from iqbridge.model import (
     SubscriberView,
     Subscriptions,
     check_name,
+    check_text,
     from_micros,
 )
 from iqbridge.payload import encode
@@ -358,6 +359,12 @@ class Queue:
         for k, v in hdrs.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise InvalidArgument("headers must map str to str")
+            check_text(f"header {k!r}", v)
+            check_text("header name", k)
+        if correlation_id is not None:
+            check_text("correlation_id", correlation_id)
+        if ordering_key is not None:
+            check_text("ordering_key", ordering_key)
         ttl_s = _seconds(ttl, "ttl")
         publisher = check_name("publisher", publisher or self.hub.publisher)
         parent_ids = tuple(parents)

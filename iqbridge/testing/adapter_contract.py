@@ -1086,6 +1086,30 @@ class AdapterContract(abc.ABC):
         with pytest.raises(InvalidArgument):
             q.put(b"x", to=["a"], headers=headers)
 
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [
+            ("correlation_id", "c\udc80"),
+            ("ordering_key", "k\udc80"),
+            ("headers", {"h": "v\udc80"}),
+            ("headers", {"h\udc80": "v"}),
+            ("correlation_id", 7),
+        ],
+    )
+    def test_text_that_is_not_text_is_refused(self, q: Queue, field: str, value: Any) -> None:
+        """A lone surrogate (bytes decoded with surrogateescape) cannot reach a store or a
+        broker as UTF-8: a typed error names the field, and nothing is put."""
+        with pytest.raises(InvalidArgument, match=r"header|correlation_id|ordering_key"):
+            q.put(b"x", to=["a"], **{field: value})
+        assert q.search() == []
+        q.put(b"x", to=["a"], correlation_id="c\u00e9\U0001f600")
+        assert [r.correlation_id for r in q.search()] == ["c\u00e9\U0001f600"]
+
+    def test_publisher_name_that_is_not_text_is_refused(self, q: Queue) -> None:
+        with pytest.raises(AudienceError, match="not valid text"):
+            q.put(b"x", to=["a"], publisher="p\udc80")
+        assert q.search() == []
+
     def test_unknown_queue_without_create(self, hub: Hub) -> None:
         name = unique("missing")
         with pytest.raises(UnknownQueueError):
