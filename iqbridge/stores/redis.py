@@ -222,20 +222,43 @@ class DirectScripts:
 
 def _pack(args: Sequence[str | bytes | int]) -> bytes:
     """A command in the Redis protocol (RESP): what redis-py's pure-Python packer makes
-    of str (UTF-8), bytes and int arguments, in a third of the time for the scripts'
-    few dozen arguments."""
-    parts = [b"*%d\r\n" % len(args)]
+    of str (UTF-8), bytes and int arguments, in a fifth of the time for the scripts'
+    few dozen arguments.
+
+    Text is joined as str and encoded once (an ASCII argument's length in bytes is its
+    length in characters); a bytes argument (a payload) ends the text run before it.
+    """
+    text = [f"*{len(args)}\r\n"]
+    done: list[bytes] | None = None
     for arg in args:
-        if isinstance(arg, str):
-            data = arg.encode()
-        elif isinstance(arg, bytes):
-            data = arg
-        elif isinstance(arg, int) and not isinstance(arg, bool):
-            data = b"%d" % arg
+        if type(arg) is str:
+            size = len(arg) if arg.isascii() else len(arg.encode())
+            text.append(f"${size}\r\n{arg}\r\n")
+        elif type(arg) is int:
+            digits = str(arg)
+            text.append(f"${len(digits)}\r\n{digits}\r\n")
         else:
-            raise TypeError(f"a script argument must be str, bytes or int, not {arg!r}")
-        parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
-    return b"".join(parts)
+            data = _bulk(arg)
+            if done is None:
+                done = []
+            done.append("".join(text).encode())
+            text = []
+            done.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    if done is None:
+        return "".join(text).encode()
+    done.append("".join(text).encode())
+    return b"".join(done)
+
+
+def _bulk(arg: object) -> bytes:
+    """A bytes argument, or a subclass of str, bytes or int, as the bytes redis-py sends."""
+    if isinstance(arg, bytes):
+        return bytes(arg)
+    if isinstance(arg, str):
+        return arg.encode()
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        return b"%d" % arg
+    raise TypeError(f"a script argument must be str, bytes or int, not {arg!r}")
 
 
 class RedisStore:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 import redis
 from hypothesis import given
@@ -33,3 +35,21 @@ def test_a_large_payload_and_protocol_bytes_inside_arguments() -> None:
 def test_other_types_are_refused(bad: object) -> None:
     with pytest.raises(TypeError, match="script argument"):
         _pack(["EVALSHA", bad])  # type: ignore[list-item]
+
+
+class _Text(enum.StrEnum):
+    A = "état"
+
+
+class _Number(enum.IntEnum):
+    N = 7
+
+
+def test_subclasses_are_sent_as_their_plain_values() -> None:
+    """An enum member that is a str goes out as its value, as with redis-py; one that is
+    an int as its digits (redis-py would send its repr, ``<_Number.N: 7>``)."""
+    args: list[str | bytes | int] = ["EVALSHA", _Text.A, b"b", "x"]
+    assert _pack(args) == b"".join(redis.Connection().pack_command(*args))
+    assert _pack(["EVALSHA", _Text.A, _Number.N, b"b"]) == (
+        b"*4\r\n$7\r\nEVALSHA\r\n$5\r\n\xc3\xa9tat\r\n$1\r\n7\r\n$1\r\nb\r\n"
+    )

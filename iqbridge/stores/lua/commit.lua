@@ -37,31 +37,31 @@ local wid = ARGV[2]
 -- claim order: priority first (higher first), then put order
 local SHIFT = 1099511627776 -- 2^40
 
-local argi = 4
-local function take()
-  local value = ARGV[argi]
-  argi = argi + 1
-  return value
-end
-local function span()
-  local count = tonumber(ARGV[argi])
-  local first = argi + 1
-  argi = first + count
-  return first, count
-end
-
+-- One table constructor per change (Lua sizes it once; adding fields one at a time
+-- rehashes it five times) and no function calls: this runs on every commit.
 local batch = {}
+local a = 4
 for i = 1, tonumber(ARGV[3]) do
-  local ch = {}
-  ch.id, ch.c, ch.ev, ch.v, ch.q = take(), take(), take(), take(), take()
-  ch.p, ch.n, ch.r, ch.ix, ch.due = tonumber(take()), take(), take(), take(), take()
-  ch.f0, ch.nf = span()
-  ch.u0, ch.nu = span()
-  ch.ks0, ch.nks = span()
-  ch.kc0, ch.nkc = span()
-  ch.g0, ch.ng = span()
-  ch.j0, ch.nj = span()
-  ch.x0, ch.xn = span()
+  local ch = {
+    id = ARGV[a], c = ARGV[a + 1], ev = ARGV[a + 2], v = ARGV[a + 3], q = ARGV[a + 4],
+    p = tonumber(ARGV[a + 5]), n = ARGV[a + 6], r = ARGV[a + 7], ix = ARGV[a + 8],
+    due = ARGV[a + 9], nf = tonumber(ARGV[a + 10]), f0 = a + 11,
+    nu = 0, u0 = 0, nks = 0, ks0 = 0, nkc = 0, kc0 = 0, ng = 0, g0 = 0, nj = 0, j0 = 0,
+    xn = 0, x0 = 0, old = false,
+  }
+  a = ch.f0 + ch.nf
+  ch.nu, ch.u0 = tonumber(ARGV[a]), a + 1
+  a = a + 1 + ch.nu
+  ch.nks, ch.ks0 = tonumber(ARGV[a]), a + 1
+  a = a + 1 + ch.nks
+  ch.nkc, ch.kc0 = tonumber(ARGV[a]), a + 1
+  a = a + 1 + ch.nkc
+  ch.ng, ch.g0 = tonumber(ARGV[a]), a + 1
+  a = a + 1 + ch.ng
+  ch.nj, ch.j0 = tonumber(ARGV[a]), a + 1
+  a = a + 1 + ch.nj
+  ch.xn, ch.x0 = tonumber(ARGV[a]), a + 1
+  a = a + 1 + ch.xn
   batch[i] = ch
 end
 
