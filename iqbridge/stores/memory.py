@@ -18,6 +18,7 @@ from iqbridge.model import (
     JournalEntry,
     MessageRecord,
     MessageSummary,
+    Retained,
     Subscriptions,
 )
 from iqbridge.states import PublisherState, SubscriberState
@@ -42,6 +43,7 @@ class MemoryStore(AvailableQueries):
         self._by_queue: dict[str, dict[str, None]] = {}
         self._history: dict[str, list[JournalEntry]] = {}
         self._journal: list[JournalEntry] = []
+        self._retained: dict[str, Retained] = {}
         self._subs: dict[str, Subscriptions] = {}
         self._seq = 0
 
@@ -81,12 +83,27 @@ class MemoryStore(AvailableQueries):
             for change in changes:
                 self._apply(change)
 
-    def _check(self, change: Change) -> None:
+    def commit_each(self, changes: Sequence[Change]) -> list[bool]:
+        """Apply every change whose compare-and-set holds; skip the others."""
+        with self._lock:
+            seen: set[str] = set()
+            applied: list[bool] = []
+            for change in changes:
+                ok = change.msg_id not in seen and self._current(change)
+                seen.add(change.msg_id)
+                if ok:
+                    self._apply(change)
+                applied.append(ok)
+            return applied
+
+    def _current(self, change: Change) -> bool:
         current = self._records.get(change.msg_id)
         if change.created:
-            if current is not None:
-                raise StaleRecord(change.msg_id)
-        elif current is None or current.version != change.expected_version:
+            return current is None
+        return current is not None and current.version == change.expected_version
+
+    def _check(self, change: Change) -> None:
+        if not self._current(change):
             raise StaleRecord(change.msg_id)
 
     def _apply(self, change: Change) -> None:
@@ -96,6 +113,8 @@ class MemoryStore(AvailableQueries):
             rec.seq = self._seq
             self._by_queue.setdefault(rec.queue, {})[rec.msg_id] = None
             self._history[rec.msg_id] = []
+            if change.retain is not None:
+                self._retained[rec.msg_id] = _copy(change.retain)
         else:
             rec.native_ref = rec.native_ref or self._records[rec.msg_id].native_ref
         self._records[rec.msg_id] = rec.copy()
@@ -113,6 +132,11 @@ class MemoryStore(AvailableQueries):
                 raise MessageNotFound(msg_id)
             return rec.copy()
 
+    def load_many(self, msg_ids: Sequence[str]) -> dict[str, MessageRecord]:
+        """Copies of the current records of the known ones of ``msg_ids``."""
+        with self._lock:
+            return {i: self._records[i].copy() for i in msg_ids if i in self._records}
+
     def set_native_ref(self, msg_id: str, native_ref: str) -> None:
         """Record where the payload lives."""
         with self._lock:
@@ -120,6 +144,19 @@ class MemoryStore(AvailableQueries):
             if rec is None:
                 raise MessageNotFound(msg_id)
             rec.native_ref = native_ref
+
+    def set_native_refs(self, refs: Sequence[tuple[str, str]]) -> None:
+        """Record where the payloads live; unknown ids are skipped."""
+        with self._lock:
+            for msg_id, native_ref in refs:
+                rec = self._records.get(msg_id)
+                if rec is not None:
+                    rec.native_ref = native_ref
+
+    def retained(self, msg_ids: Sequence[str]) -> dict[str, Retained]:
+        """Copies of the retained payloads of those of ``msg_ids`` that have one."""
+        with self._lock:
+            return {i: _copy(self._retained[i]) for i in msg_ids if i in self._retained}
 
     def _ordered(self, queue: str) -> list[MessageRecord]:
         ids = self._by_queue.get(queue, {})
@@ -203,6 +240,7 @@ class MemoryStore(AvailableQueries):
                 del self._records[p.msg_id]
                 del self._by_queue[queue][p.msg_id]
                 del self._history[p.msg_id]
+                self._retained.pop(p.msg_id, None)
             return gone
 
     def declare_queue(self, queue: str) -> None:
@@ -229,6 +267,11 @@ class MemoryStore(AvailableQueries):
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def _copy(retained: Retained) -> Retained:
+    # Headers are a mapping the caller may still hold and change.
+    return Retained(bytes(retained.body), dict(retained.headers))
 
 
 def _is_due(rec: MessageRecord, now: int) -> bool:
