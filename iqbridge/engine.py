@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from iqbridge.errors import AudienceError, IllegalTransition, LeaseLost, LockedError
-from iqbridge.model import Audience, JournalEntry, Member, MessageRecord
+from iqbridge.model import Audience, JournalEntry, Member, MessageRecord, Retained
 from iqbridge.states import (
     IN_DOUBT,
     TERMINAL,
@@ -66,6 +66,9 @@ class Change:
     #: The record the change was computed from (at ``expected_version``), or None for a
     #: new message: a store can tell from it what to take out of its indexes.
     before: MessageRecord | None = None
+    #: For a new message: the payload copy the store keeps beside the record, written in
+    #: the same commit (a queue that retains payloads on a broker that forgets them).
+    retain: Retained | None = None
 
     @property
     def msg_id(self) -> str:
@@ -176,6 +179,7 @@ def chain(first: Change, then: Callable[[MessageRecord], Change]) -> Change:
         first.dirty | second.dirty,
         first.created,
         first.before,
+        first.retain,
     )
 
 

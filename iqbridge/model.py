@@ -31,6 +31,7 @@ __all__ = [
     "MessageSummary",
     "Pool",
     "Received",
+    "Retained",
     "SubscriberView",
     "Subscriptions",
     "from_micros",
@@ -250,6 +251,23 @@ class MessageRecord:
         new.members = {k: m.copy() for k, m in self.members.items()}
         return new
 
+    def envelope(self, retained: Retained) -> Envelope:
+        """The envelope this message was put with, rebuilt from the record and its
+        retained copy (body and headers)."""
+        return Envelope(
+            msg_id=self.msg_id,
+            body=retained.body,
+            content_type=self.content_type,
+            headers=dict(retained.headers),
+            publisher=self.publisher,
+            correlation_id=self.correlation_id,
+            priority=self.priority,
+            ordering_key=self.ordering_key,
+            parents=self.parents,
+            put_at=self.created_at,
+            groups=tuple(dict.fromkeys(m.pool or m.subscriber for m in self.members.values())),
+        )
+
     def due_at(self) -> int | None:
         """When time next makes something due on this message (a lease lapses, the time
         limit passes for members not yet past GET, a browse lock lapses), or None."""
@@ -316,6 +334,17 @@ class Envelope:
         from iqbridge.payload import decode
 
         return decode(self.body, self.content_type)
+
+
+@dataclass(frozen=True, slots=True)
+class Retained:
+    """The facade's retained copy of a payload, kept in the index store beside the record
+    when the broker cannot read it again by reference (it forgets a message once it is
+    acknowledged, or keeps it only for a while). With the record it gives back the whole
+    :class:`Envelope` (see :meth:`MessageRecord.envelope`)."""
+
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from iqbridge.engine import Change
-from iqbridge.model import Filter, JournalEntry, MessageRecord, MessageSummary, Subscriptions
+from iqbridge.model import (
+    Filter,
+    JournalEntry,
+    MessageRecord,
+    MessageSummary,
+    Retained,
+    Subscriptions,
+)
 
 __all__ = ["AvailableQueries", "IndexStore", "PurgedMessage", "StaleRecord"]
 
@@ -91,12 +98,41 @@ class IndexStore(Protocol):
         """Commit several changes in one round trip where the store can; all or nothing."""
         ...
 
+    def commit_each(self, changes: Sequence[Change]) -> list[bool]:
+        """Commit, in one round trip (one transaction where the store has them), every
+        change whose compare-and-set still holds, and skip the others.
+
+        Returns one flag per change, in order: True when it was applied, False when its
+        record no longer had ``change.expected_version`` (or, for a new message, existed
+        already); a skipped change writes nothing, not even its journal entries. Never
+        raises StaleRecord. Two changes of one message in one call: only the first can
+        apply. This is the batch path (claims and settlements of many deliveries): a
+        message another consumer won is simply left out.
+        """
+        ...
+
     def load(self, msg_id: str) -> MessageRecord:
         """The current record; raises MessageNotFound."""
         ...
 
+    def load_many(self, msg_ids: Sequence[str]) -> dict[str, MessageRecord]:
+        """The current records of several messages in one round trip, by msg_id; ids the
+        store does not know are left out."""
+        ...
+
     def set_native_ref(self, msg_id: str, native_ref: str) -> None:
         """Record where the broker keeps the payload (not a state change)."""
+        ...
+
+    def set_native_refs(self, refs: Sequence[tuple[str, str]]) -> None:
+        """:meth:`set_native_ref` for several ``(msg_id, native_ref)`` pairs in one round
+        trip; ids the store does not know are skipped."""
+        ...
+
+    def retained(self, msg_ids: Sequence[str]) -> dict[str, Retained]:
+        """The retained payload copies (:attr:`Change.retain` of the messages' creation)
+        of several messages in one round trip, by msg_id; messages put without one, or
+        unknown, are left out. Purge removes a message's copy with its record."""
         ...
 
     def claimable(
