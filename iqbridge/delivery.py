@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from iqbridge.model import Envelope, MessageRecord, from_micros
 from iqbridge.payload import decode
@@ -13,9 +13,59 @@ from iqbridge.states import SubscriberState
 
 if TYPE_CHECKING:
     from iqbridge.engine import Change
-    from iqbridge.queue import Queue
+    from iqbridge.retry import RetryPolicy
 
-__all__ = ["Delivery"]
+__all__ = ["Delivery", "Mover"]
+
+
+class Mover(Protocol):
+    """What a delivery needs of its queue to move (the queue's settling part)."""
+
+    name: str
+    retry: RetryPolicy
+
+    def _process(
+        self, msg_id: str, subscriber: str, token: str, hint: MessageRecord | None = None
+    ) -> Change: ...
+
+    def _done(
+        self,
+        msg_id: str,
+        subscriber: str,
+        token: str | None,
+        hint: MessageRecord | None = None,
+        transaction: object = None,
+        on_rollback: Callable[[], None] | None = None,
+    ) -> Change: ...
+
+    def _unusable(
+        self,
+        msg_id: str,
+        subscriber: str,
+        token: str | None,
+        reason: str,
+        hint: MessageRecord | None = None,
+    ) -> Change: ...
+
+    def _release(
+        self,
+        msg_id: str,
+        subscriber: str,
+        token: str | None,
+        reason: str,
+        delay: float,
+        hint: MessageRecord | None = None,
+    ) -> Change: ...
+
+    def _renew(
+        self,
+        msg_id: str,
+        subscriber: str,
+        token: str,
+        lease: float | None,
+        hint: MessageRecord | None = None,
+    ) -> Change: ...
+
 
 _UNSET: Any = object()
 
@@ -49,7 +99,7 @@ class Delivery:
 
     def __init__(
         self,
-        queue: Queue,
+        queue: Mover,
         envelope: Envelope,
         subscriber: str,
         token: str,

@@ -38,7 +38,6 @@ from iqbridge.errors import ConfigurationError, InvalidArgument
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-    from iqbridge.queue import Queue
     from iqbridge.stores.base import IndexStore
 
 __all__ = ["Transaction", "join"]
@@ -76,8 +75,8 @@ class Transaction:
     a rollback the deliveries are still held, as before ``done``.
     """
 
-    def __init__(self, queue: Queue, target: Any) -> None:
-        self._store = _joinable(queue.hub.store)
+    def __init__(self, store: IndexStore, target: Any) -> None:
+        self._store = _joinable(store)
         self._target = target
         self._conn: Connection | None = None
         self._owned = False

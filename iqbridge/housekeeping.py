@@ -1,0 +1,54 @@
+"""Housekeeping: what time has made due, and purge."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from iqbridge import engine
+from iqbridge.errors import MessageNotFound
+from iqbridge.queue_core import QueueCore, to_seconds
+
+__all__ = ["Housekeeping"]
+
+log = logging.getLogger("iqbridge")
+
+
+class Housekeeping(QueueCore):
+    """What time has made due (leases, time limits, locks), and purge.
+
+    One part of :class:`~iqbridge.queue.Queue`."""
+
+    def recover(self, limit: int = 1000) -> int:
+        """Apply what time has made due now: lapsed leases go back to AVAILABLE (attempt + 1)
+        or UNUSABLE after max attempts, passed time limits expire, stale locks lapse.
+        Runs by itself during get(); returns how many messages changed."""
+        now = self._now()
+        changed = 0
+        for msg_id in self._store.due(self.name, now, limit):
+            try:
+                change = self._apply(msg_id, lambda r: engine.expire_due(r, self._now()))
+            except MessageNotFound:
+                continue
+            if change is not None:
+                self._wake(change.record)
+                changed += 1
+        if changed:
+            self.hub.notify()
+        return changed
+
+    def purge(self, older_than: float | timedelta) -> int:
+        """Delete messages JOURNALLED longer than ``older_than`` (seconds or timedelta),
+        payload included; the journal is kept. Returns how many were purged."""
+        secs = to_seconds(older_than, "older_than")
+        assert secs is not None
+        before = self._now() - int(secs * 1_000_000)
+        total = 0
+        while True:
+            gone = self._store.purge(self.name, before, limit=1000)
+            refs = [g.native_ref for g in gone if g.native_ref]
+            if refs:
+                self._adapter.delete(self.name, refs)
+            total += len(gone)
+            if len(gone) < 1000:
+                return total

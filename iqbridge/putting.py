@@ -1,0 +1,308 @@
+"""The publisher side: put, confirm, reveal and withdraw."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+
+from iqbridge import engine
+from iqbridge.engine import Change
+from iqbridge.errors import (
+    ConcurrentUpdate,
+    InvalidArgument,
+    IQError,
+    MessageNotFound,
+    MessageTooLarge,
+)
+from iqbridge.ids import new_id
+from iqbridge.model import Audience, Envelope, MessageRecord, check_name, check_text
+from iqbridge.payload import encode
+from iqbridge.queue_core import CAS_ATTEMPTS, to_seconds
+from iqbridge.stores.base import StaleRecord
+from iqbridge.subscribing import AudienceSpec, Subscribing
+
+_MSG_ID_MAX = 128
+
+__all__ = ["Putting"]
+
+log = logging.getLogger("iqbridge")
+
+
+class Putting(Subscribing):
+    """The publisher side: put and put_many (idempotent with msg_ids), confirm_put,
+    reveal and withdraw.
+
+    One part of :class:`~iqbridge.queue.Queue`."""
+
+    def put(
+        self,
+        payload: object,
+        *,
+        to: AudienceSpec | None = None,
+        publisher: str | None = None,
+        correlation_id: str | None = None,
+        priority: int = 4,
+        ordering_key: str | None = None,
+        ttl: float | timedelta | None = None,
+        confirm: bool = False,
+        parents: Iterable[str] = (),
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+        msg_id: str | None = None,
+    ) -> str:
+        """Put one message; return its msg_id.
+
+        ``to`` names subscribers and pools (``Pool(name, members)`` or a declared pool's
+        name); without it the queue's standing subscriptions are the audience. A plain
+        put is PUT then REVEALED at once; with ``confirm=True`` it stays PUT (hidden)
+        until :meth:`confirm_put`, or :meth:`undo` withdraws it. ``ttl`` seconds after the
+        put, members that have not got it yet go EXPIRED. ``priority`` is 0-9 (9 first).
+
+        ``msg_id`` makes the put idempotent (see :meth:`put_many`'s ``msg_ids``).
+        """
+        return self.put_many(
+            [payload],
+            to=to,
+            publisher=publisher,
+            correlation_id=correlation_id,
+            priority=priority,
+            ordering_key=ordering_key,
+            ttl=ttl,
+            confirm=confirm,
+            parents=parents,
+            headers=headers,
+            content_type=content_type,
+            msg_ids=None if msg_id is None else [msg_id],
+        )[0]
+
+    def put_many(
+        self,
+        payloads: Iterable[object],
+        *,
+        to: AudienceSpec | None = None,
+        publisher: str | None = None,
+        correlation_id: str | None = None,
+        priority: int = 4,
+        ordering_key: str | None = None,
+        ttl: float | timedelta | None = None,
+        confirm: bool = False,
+        parents: Iterable[str] = (),
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+        msg_ids: Sequence[str] | None = None,
+    ) -> list[str]:
+        """Put several messages with the same options in one transaction; return their ids.
+
+        ``msg_ids`` (one per payload, chosen by the caller, as a transactional outbox
+        does) makes the put idempotent: a message whose id the index already has is not
+        put again, and is only sent to the broker if an earlier attempt stopped before
+        the broker had it. A put with ``msg_ids`` that failed (say, the broker went away)
+        is safe to repeat with the same ids and arguments: unlike a plain put, it leaves
+        the index record in place for the repeat to finish, instead of withdrawing it.
+        """
+        if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
+            raise InvalidArgument(f"priority must be an int from 0 to 9, got {priority!r}")
+        hdrs = dict(headers or {})
+        for k, v in hdrs.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise InvalidArgument("headers must map str to str")
+            check_text(f"header {k!r}", v)
+            check_text("header name", k)
+        if correlation_id is not None:
+            check_text("correlation_id", correlation_id)
+        if ordering_key is not None:
+            check_text("ordering_key", ordering_key)
+        ttl_s = to_seconds(ttl, "ttl")
+        publisher = check_name("publisher", publisher or self.hub.publisher)
+        parent_ids = tuple(parents)
+        items = list(payloads)
+        ids = self._check_ids(msg_ids, len(items)) if msg_ids is not None else None
+        audience = self._audience(to)
+        now = self._now()
+        expires_at = now + int(ttl_s * 1_000_000) if ttl_s is not None else None
+        limit = min(self.max_bytes, self._adapter.capabilities.max_payload_bytes)
+        envelopes: list[Envelope] = []
+        changes: list[Change] = []
+        groups = (*audience.subscribers, *(p.name for p in audience.pools))
+        for i, payload in enumerate(items):
+            body, ctype = encode(payload, content_type)
+            if len(body) > limit:
+                raise MessageTooLarge(len(body), limit, self.name)
+            msg_id = ids[i] if ids is not None else new_id()
+            envelopes.append(
+                Envelope(
+                    msg_id=msg_id,
+                    body=body,
+                    content_type=ctype,
+                    headers=hdrs,
+                    publisher=publisher,
+                    correlation_id=correlation_id,
+                    priority=priority,
+                    ordering_key=ordering_key or publisher,
+                    parents=parent_ids,
+                    put_at=now,
+                    groups=groups,
+                )
+            )
+            changes.append(
+                engine.new_message(
+                    msg_id=msg_id,
+                    queue=self.name,
+                    publisher=publisher,
+                    audience=audience,
+                    now=now,
+                    ordering_key=ordering_key,
+                    correlation_id=correlation_id,
+                    priority=priority,
+                    parents=parent_ids,
+                    expires_at=expires_at,
+                    max_attempts=self.retry.max_attempts,
+                    content_type=ctype,
+                    size=len(body),
+                    confirm=confirm,
+                )
+            )
+        if not envelopes:
+            return []
+        if ids is not None:
+            self._put_idempotent(audience, envelopes, changes)
+        elif self._shared_txn:
+            with self._store.atomic():
+                refs = self._adapter.send(self.name, envelopes)
+                for change, ref in zip(changes, refs, strict=True):
+                    change.record.native_ref = ref
+                self._store.commit_many(changes)
+        else:
+            self._put_via_broker(audience, envelopes, changes)
+        self.hub.notify()
+        return [e.msg_id for e in envelopes]
+
+    def _check_ids(self, msg_ids: Sequence[str], count: int) -> list[str]:
+        ids = [msg_ids] if isinstance(msg_ids, str) else list(msg_ids)
+        if len(ids) != count:
+            raise InvalidArgument(f"got {len(ids)} msg_ids for {count} payloads; pass one each")
+        for i in ids:
+            if (
+                not isinstance(i, str)
+                or not 0 < len(i) <= _MSG_ID_MAX
+                or any(c.isspace() or c in "/\x00" for c in i)
+            ):
+                raise InvalidArgument(
+                    f"msg_id {i!r} must be a string of 1 to {_MSG_ID_MAX} characters without "
+                    f"whitespace, '/' or NUL; iqbridge.ids.new_id() makes one"
+                )
+        if len(set(ids)) != len(ids):
+            raise InvalidArgument("msg_ids must be distinct within one put")
+        return ids
+
+    def _put_idempotent(
+        self, audience: Audience, envelopes: list[Envelope], changes: list[Change]
+    ) -> None:
+        # The usual case, none of the ids known yet, costs what a plain put costs; a
+        # creation that meets an existing record fails whole (StaleRecord, nothing
+        # written), and then each message is settled on its own.
+        try:
+            if self._shared_txn:
+                with self._store.atomic():
+                    refs = self._adapter.send(self.name, envelopes)
+                    for change, ref in zip(changes, refs, strict=True):
+                        change.record.native_ref = ref
+                    self._store.commit_many(changes)
+            else:
+                self._put_via_broker(audience, envelopes, changes, withdraw=False)
+            return
+        except StaleRecord:
+            pass
+        for env, change in zip(envelopes, changes, strict=True):
+            change.record.native_ref = None
+            self._put_once(env, change)
+
+    def _put_once(self, env: Envelope, change: Change) -> None:
+        """Create one message unless the index has it; send what the broker lacks."""
+        store = self._store
+        msg_id = change.msg_id
+        for _ in range(CAS_ATTEMPTS):
+            try:
+                with store.atomic() if self._shared_txn else contextlib.nullcontext():
+                    try:
+                        rec: MessageRecord | None = store.load(msg_id)
+                    except MessageNotFound:
+                        rec = None
+                    if rec is None:
+                        if self._shared_txn:
+                            change.record.native_ref = self._adapter.send(self.name, [env])[0]
+                        store.commit(change)  # StaleRecord: someone created it meanwhile
+            except StaleRecord:
+                continue
+            if rec is None:
+                if not self._shared_txn:
+                    store.set_native_ref(msg_id, self._adapter.send(self.name, [env])[0])
+                return
+            if rec.queue != self.name:
+                raise InvalidArgument(
+                    f"msg_id {msg_id} already names a message of queue {rec.queue!r}, "
+                    f"not {self.name!r}; give each message its own id"
+                )
+            if rec.native_ref is None and not self._shared_txn:
+                # An earlier attempt stopped between the index and the broker. It may also
+                # have stopped after the broker took the entry but before its reference was
+                # recorded; then the broker gets a second entry, which the once-only rule
+                # makes harmless (see _accept).
+                sent = dataclasses.replace(env, put_at=rec.created_at)
+                store.set_native_ref(msg_id, self._adapter.send(self.name, [sent])[0])
+            return
+        raise ConcurrentUpdate(msg_id, CAS_ATTEMPTS)
+
+    def _put_via_broker(
+        self,
+        audience: Audience,
+        envelopes: list[Envelope],
+        changes: list[Change],
+        *,
+        withdraw: bool = True,
+    ) -> None:
+        # Index first: a broker entry must never exist without its record (it would be
+        # adopted as a stranger's message). If the broker then refuses, withdraw, unless
+        # the put is idempotent (the caller repeats it, and the repeat sends).
+        if self._native:
+            self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
+        colocated = self.hub.colocated
+        if colocated is not None:
+            # One server: records and entries are written in one atomic step.
+            colocated.send_indexed(self.name, envelopes, changes, self._store)
+            return
+        self._store.commit_many(changes)
+        try:
+            refs = self._adapter.send(self.name, envelopes)
+        except IQError as exc:
+            if not withdraw:
+                raise
+            why = f"the broker refused the put ({type(exc).__name__})"
+            for change in changes:
+                self._apply(change.msg_id, lambda r: engine.withdraw(r, self._now(), why))
+            raise
+        for change, ref in zip(changes, refs, strict=True):
+            self._store.set_native_ref(change.msg_id, ref)
+
+    def confirm_put(self, msg_id: str) -> None:
+        """Reveal a put made with ``confirm=True``: PUT -> REVEALED."""
+        change = self._apply(msg_id, lambda r: engine.reveal(r, self._now()))
+        if change is not None:
+            self._wake(change.record)
+        self.hub.notify()
+
+    def reveal(self, msg_id: str, to: str | None = None) -> None:
+        """Confirm a pending put, or with ``to`` re-reveal the message to one subscriber
+        that found it UNUSABLE (AVAILABLE again, attempt + 1)."""
+        if to is None:
+            self.confirm_put(msg_id)
+            return
+        self._apply(msg_id, lambda r: engine.rereveal(r, to, self._now()))
+        self.hub.notify()
+
+    def withdraw(self, msg_id: str, reason: str = "withdrawn by publisher") -> None:
+        """No subscriber may retrieve it any more; those already past GET finish normally."""
+        self._apply(msg_id, lambda r: engine.withdraw(r, self._now(), reason))

@@ -1,0 +1,184 @@
+"""What every part of the queue facade shares: the queue's options, the read-decide-commit
+loop every state change goes through, the subscription cache and the broker calls that
+follow a change.
+
+:class:`QueueCore` is the base of the facade's parts (:mod:`iqbridge.subscribing`,
+:mod:`iqbridge.putting`, :mod:`iqbridge.getting`, :mod:`iqbridge.settling`,
+:mod:`iqbridge.looking`, :mod:`iqbridge.housekeeping`); :class:`iqbridge.queue.Queue`
+composes them. It knows the hub only through :class:`HubLink`, so nothing here imports
+the hub.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Protocol
+
+from iqbridge.adapter import Adapter, Colocated
+from iqbridge.engine import Change
+from iqbridge.errors import ConcurrentUpdate, InvalidArgument, IQError, MessageNotFound
+from iqbridge.model import MessageRecord, Subscriptions
+from iqbridge.retry import RetryPolicy
+from iqbridge.states import SubscriberState
+from iqbridge.stores.base import IndexStore, StaleRecord
+
+__all__ = ["HubLink", "QueueCore"]
+
+log = logging.getLogger("iqbridge")
+
+CAS_ATTEMPTS = 50
+CLAIM_BATCH = 4
+_SUBS_TTL = 1.0
+
+
+class HubLink(Protocol):
+    """What a queue needs of its :class:`~iqbridge.hub.Hub`."""
+
+    adapter: Adapter
+    store: IndexStore
+    client_id: str
+    publisher: str
+    redeliveries: set[tuple[str, str]]
+    shares_transaction: bool
+    colocated: Colocated | None
+
+    def now_us(self) -> int:
+        """Now, in microseconds since the epoch."""
+        ...
+
+    def notify(self) -> None:
+        """Wake this process's waiting getters."""
+        ...
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until notified or ``timeout`` seconds."""
+        ...
+
+
+def to_seconds(value: float | timedelta | None, what: str) -> float | None:
+    if value is None:
+        return None
+    secs = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if secs < 0:
+        raise InvalidArgument(f"{what} must not be negative, got {secs}")
+    return secs
+
+
+class QueueCore:
+    """State and plumbing shared by the parts of :class:`~iqbridge.queue.Queue`."""
+
+    def __init__(
+        self,
+        hub: HubLink,
+        name: str,
+        *,
+        retry: RetryPolicy,
+        lease: float,
+        max_bytes: int,
+        auto_journal: bool,
+        sweep_interval: float,
+    ) -> None:
+        self.hub = hub
+        self.name = name
+        self.retry = retry
+        self.lease = lease
+        self.max_bytes = max_bytes
+        self.auto_journal = auto_journal
+        self.sweep_interval = sweep_interval
+        self._store = hub.store
+        self._adapter = hub.adapter
+        self._native = hub.adapter.capabilities.native_groups
+        self._shared_txn = hub.shares_transaction
+        self._next_sweep = 0.0
+        self._subs: Subscriptions | None = None
+        self._subs_at = 0.0
+        self._declared: set[str] = set()
+
+    def _now(self) -> int:
+        return self.hub.now_us()
+
+    def _apply(
+        self,
+        msg_id: str,
+        op: Callable[[MessageRecord], Change | None],
+        hint: MessageRecord | None = None,
+    ) -> Change | None:
+        """Read, let the engine decide, commit with compare-and-set; retry on a lost race.
+
+        ``hint`` is a record the caller already holds (a delivery's own last change): it
+        saves the read when nothing changed meanwhile; if it is stale, compare-and-set
+        fails or the engine refuses, and the decision is made again on a fresh read.
+        """
+        store = self._store
+        for _ in range(CAS_ATTEMPTS):
+            with store.atomic():
+                if hint is not None:
+                    rec, hint = hint, None
+                    try:
+                        change = op(rec)
+                    except IQError:
+                        continue
+                else:
+                    rec = store.load(msg_id)
+                    if rec.queue != self.name:
+                        raise MessageNotFound(msg_id, self.name)
+                    change = op(rec)
+                if change is None:
+                    return None
+                try:
+                    store.commit(change)
+                except StaleRecord:
+                    continue
+                if self._native:
+                    for m in change.record.members.values():
+                        if m.attempt > 1 and m.state is SubscriberState.AVAILABLE:
+                            self.hub.redeliveries.add((self.name, m.subscriber))
+                return change
+        raise ConcurrentUpdate(msg_id, CAS_ATTEMPTS)
+
+    def _subscriptions(self, fresh: bool = False) -> Subscriptions:
+        now = time.monotonic()
+        if fresh or self._subs is None or now - self._subs_at > _SUBS_TTL:
+            self._subs = self._store.subscriptions(self.name)
+            self._subs_at = now
+        return self._subs
+
+    def _declare_groups(self, groups: Iterable[str]) -> None:
+        missing = [g for g in groups if g not in self._declared]
+        if missing:
+            self._adapter.declare(self.name, missing)
+            self._declared.update(missing)
+
+    def _group_of(self, rec: MessageRecord, subscriber: str) -> str:
+        member = rec.members[subscriber]
+        return member.pool or member.subscriber
+
+    def _wake(self, rec: MessageRecord) -> None:
+        """Requeue on the broker what it handed out while the index hid the message.
+
+        A native-group broker keeps an entry the facade declined (put awaiting confirm,
+        browse-locked) pending with the consumer that read it and never hands it to that
+        consumer again; once members are AVAILABLE, their groups must see it again.
+        """
+        ref = rec.native_ref
+        if not self._native or ref is None:
+            return
+        groups = {
+            m.pool or m.subscriber
+            for m in rec.members.values()
+            if m.state is SubscriberState.AVAILABLE
+        }
+        for group in sorted(groups):
+            self._broker_call(functools.partial(self._adapter.requeue, self.name, group, ref))
+
+    def _broker_call(self, call: Callable[[], None]) -> None:
+        # The index already holds the outcome; if the broker cannot be told now, its
+        # redelivery is recognised later (once-only) and acknowledged then.
+        try:
+            call()
+        except IQError as exc:
+            log.warning("queue %s: broker acknowledgement deferred: %s", self.name, exc)
