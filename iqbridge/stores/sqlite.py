@@ -24,6 +24,9 @@ touches is written to the WAL, and that is what a commit costs):
   ``row seq * 65536 + its position`` (increasing, as the contract asks). A message's
   history is read by the row seqs its message row lists, so the journal needs no
   secondary index.
+* ``iq_payloads``: the retained payload copy of a message put with one
+  (:attr:`~iqbridge.engine.Change.retain`): body bytes and headers (JSON), written in
+  the transaction that creates the record, deleted with it by a purge.
 
 Searches on ``msg_id`` and ``correlation_id`` use indexes; other filters scan the queue's
 rows (never payloads).
@@ -50,13 +53,19 @@ from iqbridge.model import (
     JournalEntry,
     MessageRecord,
     MessageSummary,
+    Retained,
     Subscriptions,
     to_micros,
 )
 from iqbridge.states import ActorKind, Mode, PublisherState, SubscriberState
 from iqbridge.stores.base import AvailableQueries, PurgedMessage, StaleRecord
 from iqbridge.stores.codec import JOURNAL_PER_ROW as _PER_ROW
-from iqbridge.stores.codec import entries_from_json, subscriptions_from_json, subscriptions_to_json
+from iqbridge.stores.codec import (
+    encode,
+    entries_from_json,
+    subscriptions_from_json,
+    subscriptions_to_json,
+)
 from iqbridge.stores.codec import entries_to_json as _entries_json
 from iqbridge.stores.codec import members_from_json as _members
 from iqbridge.stores.codec import members_to_json as _members_json
@@ -125,6 +134,11 @@ CREATE TABLE IF NOT EXISTS iq_journal (
     queue TEXT NOT NULL,
     entries TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS iq_payloads (
+    msg_id TEXT PRIMARY KEY,
+    body BLOB NOT NULL,
+    headers TEXT NOT NULL
+);
 """
 
 _MSG_COLS = (
@@ -138,6 +152,8 @@ _INSERT_MSG = (
     " publisher_state, withdrawn, updated_at, lock_id, lock_owner, lock_until, version,"
     " members, journal, next_due) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
+_INSERT_ABSENT = _INSERT_MSG + " ON CONFLICT (msg_id) DO NOTHING"
+_INSERT_PAYLOAD = "INSERT OR REPLACE INTO iq_payloads (msg_id, body, headers) VALUES (?,?,?)"
 _UPDATE_MSG = (
     "UPDATE iq_messages SET publisher_state=?, withdrawn=?, updated_at=?, lock_id=?,"
     " lock_owner=?, lock_until=?, version=?, members=?, journal=journal || ?,"
@@ -153,6 +169,8 @@ _INSERT_JOURNAL = "INSERT INTO iq_journal (seq, msg_id, queue, entries) VALUES (
 
 _PUB = {s.value: s for s in PublisherState}
 _AVAILABLE = SubscriberState.AVAILABLE
+#: Ids per IN (...) list (older SQLite builds allow 999 parameters a statement).
+_CHUNK = 500
 
 
 def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
@@ -412,6 +430,16 @@ class SqliteStore(AvailableQueries):
 
     def commit_many(self, changes: Sequence[Change]) -> None:
         """Persist several changes in one transaction, all or none."""
+        self._commit(changes, each=False)
+
+    def commit_each(self, changes: Sequence[Change]) -> list[bool]:
+        """Persist, in one transaction, every change whose compare-and-set holds (a new
+        message: whose msg_id is not taken); skip the others, and later changes of a
+        message already in the batch. One flag per change: applied or not."""
+        return self._commit(changes, each=True)
+
+    def _commit(self, changes: Sequence[Change], *, each: bool) -> list[bool]:
+        applied: list[bool] = []
         try:
             # A lone change fails (StaleRecord) before it writes anything, so it needs no
             # savepoint inside an enclosing transaction; several changes do.
@@ -421,19 +449,36 @@ class SqliteStore(AvailableQueries):
                 journal: list[tuple[Any, ...]] = []
                 ready_add: list[tuple[Any, ...]] = []
                 ready_del: list[tuple[Any, ...]] = []
+                payloads: list[tuple[str, bytes, str]] = []
+                seen: set[str] = set()
                 for change in changes:
+                    if each and change.msg_id in seen:
+                        applied.append(False)
+                        continue
+                    seen.add(change.msg_id)
                     entries = change.journal
                     seqs = []
+                    rows = []
                     for i in range(0, max(len(entries), 1), _PER_ROW - 1):
                         part = entries[i : i + _PER_ROW - 1]
                         if not part:
                             break
-                        journal.append(
+                        rows.append(
                             (next_seq, change.msg_id, change.record.queue, _entries_json(part))
                         )
                         seqs.append(str(next_seq))
                         next_seq += 1
-                    self._write(conn, change, ",".join(seqs), ready_add, ready_del)
+                    ok = self._write(conn, change, ",".join(seqs), ready_add, ready_del, each)
+                    applied.append(ok)
+                    if not ok:
+                        next_seq -= len(rows)  # nothing written: the numbers are free again
+                        continue
+                    journal += rows
+                    if change.created and change.retain is not None:
+                        kept = change.retain
+                        payloads.append(
+                            (change.msg_id, bytes(kept.body), encode(dict(kept.headers)))
+                        )
                 if ready_del:
                     conn.executemany(_DELETE_READY, ready_del)
                 if ready_add:
@@ -442,10 +487,13 @@ class SqliteStore(AvailableQueries):
                     conn.execute(_INSERT_JOURNAL, journal[0])
                 elif journal:
                     conn.executemany(_INSERT_JOURNAL, journal)
+                if payloads:
+                    conn.executemany(_INSERT_PAYLOAD, payloads)
         except sqlite3.IntegrityError as exc:
             raise StaleRecord(changes[0].msg_id if changes else "?") from exc
         except sqlite3.Error as exc:
             raise _translate(exc, self.db.path) from exc
+        return applied
 
     def _write(
         self,
@@ -454,12 +502,15 @@ class SqliteStore(AvailableQueries):
         seqs: str,
         ready_add: list[tuple[Any, ...]],
         ready_del: list[tuple[Any, ...]],
-    ) -> None:
+        each: bool,
+    ) -> bool:
+        """Write one change's record and collect its ready-table rows; False when its
+        compare-and-set failed and ``each`` (then nothing was written), else StaleRecord."""
         rec = change.record
         members = _members_json(rec)
         if change.created:
             cur = conn.execute(
-                _INSERT_MSG,
+                _INSERT_ABSENT if each else _INSERT_MSG,
                 (
                     rec.msg_id,
                     rec.queue,
@@ -487,13 +538,15 @@ class SqliteStore(AvailableQueries):
                     rec.due_at(),
                 ),
             )
+            if cur.rowcount != 1:
+                return False  # each: the msg_id is taken (else IntegrityError was raised)
             rec.seq = cur.lastrowid
             for m in rec.members.values():
                 if m.state is _AVAILABLE:
                     ready_add.append(
                         (rec.queue, m.subscriber, rec.priority, rec.seq, m.attempt, m.not_before)
                     )
-            return
+            return True
         cur = conn.execute(
             _UPDATE_MSG,
             (
@@ -512,6 +565,8 @@ class SqliteStore(AvailableQueries):
             ),
         )
         if cur.rowcount != 1:
+            if each:
+                return False
             raise StaleRecord(rec.msg_id)
         # The ready table mirrors exactly the members that are AVAILABLE now.
         left: set[str] = set()
@@ -525,6 +580,7 @@ class SqliteStore(AvailableQueries):
                 ready_add.append((*key, m.attempt, m.not_before))
             elif name in left:
                 ready_del.append(key)
+        return True
 
     def load(self, msg_id: str) -> MessageRecord:
         """The current record of a message."""
@@ -538,10 +594,58 @@ class SqliteStore(AvailableQueries):
             raise MessageNotFound(msg_id)
         return _record(row)
 
+    def load_many(self, msg_ids: Sequence[str]) -> dict[str, MessageRecord]:
+        """The current records of the known ones of ``msg_ids``, by msg_id."""
+        out: dict[str, MessageRecord] = {}
+        ids = list(dict.fromkeys(msg_ids))
+        try:
+            conn = self.db.conn
+            for i in range(0, len(ids), _CHUNK):
+                chunk = ids[i : i + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for row in conn.execute(
+                    f"SELECT {_MSG_COLS} FROM iq_messages WHERE msg_id IN ({marks})", chunk
+                ):
+                    out[row[1]] = _record(row)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.db.path) from exc
+        return out
+
     def set_native_ref(self, msg_id: str, native_ref: str) -> None:
         """Record where the payload lives."""
         with self.db.transaction() as conn:
             conn.execute("UPDATE iq_messages SET native_ref=? WHERE msg_id=?", (native_ref, msg_id))
+
+    def set_native_refs(self, refs: Sequence[tuple[str, str]]) -> None:
+        """Record where several payloads live, in one transaction; unknown ids are skipped."""
+        if not refs:
+            return
+        try:
+            with self.db.transaction() as conn:
+                conn.executemany(
+                    "UPDATE iq_messages SET native_ref=? WHERE msg_id=?",
+                    [(ref, msg_id) for msg_id, ref in refs],
+                )
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.db.path) from exc
+
+    def retained(self, msg_ids: Sequence[str]) -> dict[str, Retained]:
+        """The retained payload copies of those of ``msg_ids`` that have one."""
+        out: dict[str, Retained] = {}
+        ids = list(dict.fromkeys(msg_ids))
+        try:
+            conn = self.db.conn
+            for i in range(0, len(ids), _CHUNK):
+                chunk = ids[i : i + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for msg_id, body, headers in conn.execute(
+                    f"SELECT msg_id, body, headers FROM iq_payloads WHERE msg_id IN ({marks})",
+                    chunk,
+                ):
+                    out[msg_id] = Retained(bytes(body), json.loads(headers))
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.db.path) from exc
+        return out
 
     def _available(
         self,
@@ -684,6 +788,7 @@ class SqliteStore(AvailableQueries):
                 (queue, before, limit),
             ).fetchall()
             conn.executemany("DELETE FROM iq_messages WHERE seq=?", [(r[0],) for r in rows])
+            conn.executemany("DELETE FROM iq_payloads WHERE msg_id=?", [(r[1],) for r in rows])
         return [PurgedMessage(r[1], r[2]) for r in rows]
 
     def declare_queue(self, queue: str) -> None:
