@@ -8,8 +8,15 @@ deleted (journalled retention). It behaves like a small Redis Streams, so the fa
 native-group path is exercised without a server.
 
 URL: ``memory://`` gives a private broker; ``memory://name`` one shared by every hub of
-that name in this process. No options. Its default index is the memory store of the
-same name.
+that name in this process. Its default index is the memory store of the same name.
+
+Option ``?forget=true``: a broker that forgets, as RabbitMQ and IBM MQ do. An entry is
+dropped once every group it is addressed to has acknowledged it (or dead-lettered it),
+and nothing can be read by reference (:meth:`MemoryAdapter.read` returns None):
+``Capabilities(read_by_ref=False, retains_after_ack=False)``. The facade then keeps a
+retained copy of each payload beside the index for peek, browse, re-reveal and
+redelivery, and the adapter contract suite proves that here without a server. A named
+broker has one mode: opening it in the other raises ConfigurationError.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from iqbridge.adapter import Capabilities
 from iqbridge.errors import ConfigurationError, UnknownQueueError
@@ -50,6 +57,11 @@ class _Group:
 class _Queue:
     log: list[Envelope | None] = field(default_factory=list)
     groups: dict[str, _Group] = field(default_factory=dict)
+    #: Forgetting brokers: the groups that still have to acknowledge each entry.
+    unacked: dict[int, set[str]] = field(default_factory=dict)
+    #: Forgetting brokers: entries dropped on acknowledgement, kept only so a test can
+    #: make the broker hand one over again as after a lost acknowledgement (inject).
+    forgotten: dict[int, Envelope] = field(default_factory=dict)
 
 
 class MemoryBroker:
@@ -58,39 +70,55 @@ class MemoryBroker:
     _named: ClassVar[dict[str, MemoryBroker]] = {}
     _named_lock = threading.Lock()
 
-    def __init__(self, name: str = "") -> None:
+    def __init__(self, name: str = "", *, forget: bool = False) -> None:
         self.name = name
+        self.forget = forget
         self.cond = threading.Condition()
         self.queues: dict[str, _Queue] = {}
 
     @classmethod
-    def named(cls, name: str) -> MemoryBroker:
+    def named(cls, name: str, *, forget: bool = False) -> MemoryBroker:
         """The process-wide broker of that name (a private one for "")."""
         if not name:
-            return cls()
+            return cls(forget=forget)
         with cls._named_lock:
             broker = cls._named.get(name)
             if broker is None:
-                broker = cls._named[name] = cls(name)
+                broker = cls._named[name] = cls(name, forget=forget)
+            elif broker.forget != forget:
+                raise ConfigurationError(
+                    f"memory broker {name!r} is open with forget={str(broker.forget).lower()} "
+                    f"in this process; open it with the same option or use another name"
+                )
             return broker
+
+
+_FORGETFUL = Capabilities(native_groups=True, read_by_ref=False, retains_after_ack=False)
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
 
 
 class MemoryAdapter:
     """Adapter over a :class:`MemoryBroker`."""
 
-    capabilities = Capabilities(native_groups=True, read_by_ref=True)
-
     def __init__(self, broker: MemoryBroker) -> None:
         self.broker = broker
-        self.url = f"memory://{broker.name}"
+        self.capabilities = _FORGETFUL if broker.forget else Capabilities(native_groups=True)
+        self.url = f"memory://{broker.name}" + ("?forget=true" if broker.forget else "")
 
     @classmethod
     def from_url(cls, url: str) -> MemoryAdapter:
-        """``memory://`` (private) or ``memory://name`` (shared in this process)."""
+        """``memory://`` (private) or ``memory://name`` (shared in this process), with
+        ``?forget=true`` for a broker that forgets acknowledged entries."""
         parts = urlsplit(url)
-        if parts.path not in ("", "/") or parts.query:
-            raise ConfigurationError(f"memory URL takes only a name: memory://name, not {url!r}")
-        return cls(MemoryBroker.named(parts.netloc))
+        opts = dict(parse_qsl(parts.query, keep_blank_values=True))
+        forget = opts.pop("forget", "false").lower()
+        if parts.path not in ("", "/") or opts or forget not in _TRUE | _FALSE:
+            raise ConfigurationError(
+                f"memory URL takes a name and one option: memory://name?forget=true|false, "
+                f"not {url!r}"
+            )
+        return cls(MemoryBroker.named(parts.netloc, forget=forget in _TRUE))
 
     def default_index(self) -> MemoryStore:
         """The memory index store of the same name."""
@@ -119,11 +147,14 @@ class MemoryAdapter:
     def send(self, queue: str, envelopes: Sequence[Envelope]) -> list[str]:
         """Append to the log; wake waiting consumers."""
         with self.broker.cond:
-            log = self._queue(queue).log
+            q = self._queue(queue)
+            log = q.log
             refs = []
             for env in envelopes:
                 log.append(dataclasses.replace(env))
                 refs.append(str(len(log) - 1))
+                if self.broker.forget:
+                    q.unacked[len(log) - 1] = set(env.groups or q.groups)
             self.broker.cond.notify_all()
             return refs
 
@@ -188,6 +219,23 @@ class MemoryAdapter:
             g = self._group(queue, group)
             for ref in refs:
                 g.pending.pop(int(ref), None)
+                self._acked(queue, group, int(ref))
+
+    def _acked(self, queue: str, group: str, idx: int) -> None:
+        """A forgetting broker drops an entry once its last group acknowledged it."""
+        if not self.broker.forget:
+            return
+        q = self._queue(queue)
+        waiting = q.unacked.get(idx)
+        if waiting is None:
+            return
+        waiting.discard(group)
+        if not waiting:
+            del q.unacked[idx]
+            env = q.log[idx]
+            if env is not None:
+                q.forgotten[idx] = env
+            q.log[idx] = None
 
     def requeue(self, queue: str, group: str, ref: str) -> None:
         """Deliver a pending entry to the group again, before new ones."""
@@ -203,21 +251,31 @@ class MemoryAdapter:
             g = self._group(queue, group)
             g.pending.pop(int(ref), None)
             g.dead.append((int(ref), reason))
+            self._acked(queue, group, int(ref))
 
     def read(self, queue: str, ref: str) -> Envelope | None:
-        """The envelope at a reference, if still stored."""
+        """The envelope at a reference, if still stored (never, on a forgetting broker)."""
+        return self.read_many(queue, [ref])[0]
+
+    def read_many(self, queue: str, refs: Sequence[str]) -> list[Envelope | None]:
+        """The envelopes at several references, in order."""
         with self.broker.cond:
             log = self._queue(queue).log
-            idx = int(ref)
-            env = log[idx] if 0 <= idx < len(log) else None
-            return dataclasses.replace(env) if env is not None else None
+            out: list[Envelope | None] = []
+            for ref in refs:
+                idx = int(ref)
+                env = log[idx] if 0 <= idx < len(log) and not self.broker.forget else None
+                out.append(dataclasses.replace(env) if env is not None else None)
+            return out
 
     def delete(self, queue: str, refs: Sequence[str]) -> None:
         """Forget stored entries."""
         with self.broker.cond:
-            log = self._queue(queue).log
+            q = self._queue(queue)
             for ref in refs:
-                log[int(ref)] = None
+                q.log[int(ref)] = None
+                q.unacked.pop(int(ref), None)
+                q.forgotten.pop(int(ref), None)
 
     def pending(self, queue: str, group: str) -> dict[str, str]:
         """Pending entries of a group: reference -> consumer (for tests and admin)."""
@@ -225,8 +283,16 @@ class MemoryAdapter:
             return {str(i): p.consumer for i, p in self._group(queue, group).pending.items()}
 
     def inject(self, queue: str, group: str, ref: str) -> None:
-        """Deliver an entry to a group again even if it was acked (a broker redelivery)."""
+        """Deliver an entry to a group again even if it was acked (a broker redelivery,
+        as after a lost acknowledgement; a forgetting broker gets the entry back)."""
         with self.broker.cond:
+            q = self._queue(queue)
+            idx = int(ref)
+            if idx in q.forgotten:
+                q.log[idx] = q.forgotten.pop(idx)
+                q.unacked[idx] = {group}
+            elif idx in q.unacked:
+                q.unacked[idx].add(group)
             g = self._group(queue, group)
             g.pending.setdefault(int(ref), _Pending("", 0.0, 1))
             g.ready.append(int(ref))

@@ -42,6 +42,8 @@ CREATE TABLE IF NOT EXISTS iq_queue_rows (
 );
 """
 
+_READ_CHUNK = 500
+
 _INSERT = (
     "INSERT INTO iq_queue_rows (queue, msg_id, body, content_type, headers, publisher,"
     " correlation_id, priority, ordering_key, parents, put_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
@@ -127,15 +129,26 @@ class SqliteAdapter:
 
     def read(self, queue: str, ref: str) -> Envelope | None:
         """The stored envelope at a row reference."""
+        return self.read_many(queue, [ref])[0]
+
+    def read_many(self, queue: str, refs: Sequence[str]) -> list[Envelope | None]:
+        """The stored envelopes at several row references, in order: one query per
+        500 references."""
+        found: dict[int, Envelope] = {}
+        keys = [int(r) for r in refs]
         try:
-            row = self.db.conn.execute(
-                "SELECT msg_id, body, content_type, headers, publisher, correlation_id,"
-                " priority, ordering_key, parents, put_at FROM iq_queue_rows WHERE ref=?",
-                (int(ref),),
-            ).fetchone()
+            for i in range(0, len(keys), _READ_CHUNK):
+                part = keys[i : i + _READ_CHUNK]
+                rows = self.db.conn.execute(
+                    "SELECT ref, msg_id, body, content_type, headers, publisher, correlation_id,"
+                    " priority, ordering_key, parents, put_at FROM iq_queue_rows WHERE ref IN"
+                    f" ({','.join('?' * len(part))})",
+                    part,
+                ).fetchall()
+                found.update((row[0], _envelope(row[1:])) for row in rows)
         except sqlite3.Error as exc:
             raise IndexUnavailable(f"SQLite queue {str(self.db.path)!r}: {exc}") from exc
-        return _envelope(row) if row is not None else None
+        return [found.get(k) for k in keys]
 
     def delete(self, queue: str, refs: Sequence[str]) -> None:
         """Delete queue rows (purge)."""

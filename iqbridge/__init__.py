@@ -12,6 +12,7 @@ Quick start (embedded SQLite, no server)::
         print(orders.state(msg_id).subscribers["billing"].state)   # JOURNALLED
 """
 
+from iqbridge.batch import Batch, Settled
 from iqbridge.delivery import Delivery
 from iqbridge.errors import (
     AudienceError,
@@ -29,6 +30,7 @@ from iqbridge.errors import (
     MessageNotFound,
     MessageTooLarge,
     PayloadError,
+    PayloadNotRetained,
     QueueError,
     UnknownQueueError,
     UnknownSchemeError,
@@ -52,6 +54,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_URL",
     "AudienceError",
+    "Batch",
     "Browse",
     "BrokerUnavailable",
     "ConcurrentUpdate",
@@ -74,11 +77,13 @@ __all__ = [
     "MessageTooLarge",
     "Mode",
     "PayloadError",
+    "PayloadNotRetained",
     "Pool",
     "PublisherState",
     "Queue",
     "QueueError",
     "RetryPolicy",
+    "Settled",
     "SubscriberState",
     "SubscriberView",
     "Subscriptions",

@@ -38,7 +38,9 @@ class Capabilities:
 
     #: The broker serves consumer groups itself (receive/ack); else delivery is index-driven.
     native_groups: bool
-    #: Payloads can be read again by native reference (browse, re-reveal, redelivery).
+    #: Payloads can be read again by native reference (peek, browse under a lock,
+    #: re-reveal, redelivery through the index). Where not, the facade keeps a retained
+    #: copy of each payload beside the index (see ``hub.queue(retain=...)``).
     read_by_ref: bool = True
     #: send/read run inside the index store's transaction (same database).
     shares_index_transaction: bool = False
@@ -46,8 +48,16 @@ class Capabilities:
     native_priority: bool = False
     #: Largest payload the broker accepts, in bytes.
     max_payload_bytes: int = 64 * 1024 * 1024
-    #: Payloads stay after acknowledgement until deleted (journalled retention).
+    #: Payloads stay after acknowledgement until deleted (journalled retention). Where
+    #: not (the broker forgets a message once every group acknowledged it, or keeps it
+    #: only for a retention time), the facade keeps a retained copy as for read_by_ref.
     retains_after_ack: bool = True
+
+    @property
+    def forgets(self) -> bool:
+        """The broker cannot be relied on to give a payload again after its first
+        delivery: the facade keeps a copy unless the queue says otherwise."""
+        return not (self.read_by_ref and self.retains_after_ack)
 
 
 @runtime_checkable
@@ -101,6 +111,10 @@ class Adapter(Protocol):
 
     def read(self, queue: str, ref: str) -> Envelope | None:
         """The envelope at a native reference, or None if the broker no longer has it."""
+        ...
+
+    def read_many(self, queue: str, refs: Sequence[str]) -> list[Envelope | None]:
+        """:meth:`read` for several references in one round trip, in order."""
         ...
 
     def delete(self, queue: str, refs: Sequence[str]) -> None:

@@ -21,6 +21,7 @@ without swallowing the second::
     │   ├── LockedError               the message is browse-locked by someone else
     │   ├── AudienceError             bad audience, or the subscriber is not in it
     │   ├── PayloadError              payload cannot be encoded or decoded
+    │   ├── PayloadNotRetained        the broker forgot the payload and no copy was kept
     │   └── MessageTooLarge
     └── ConcurrentUpdate              optimistic compare-and-set lost too many times
 
@@ -45,6 +46,7 @@ __all__ = [
     "MessageNotFound",
     "MessageTooLarge",
     "PayloadError",
+    "PayloadNotRetained",
     "QueueError",
     "UnknownQueueError",
     "UnknownSchemeError",
@@ -162,6 +164,21 @@ class AudienceError(MessageError):
 
 class PayloadError(MessageError):
     """A payload cannot be encoded (unsupported type) or decoded (malformed data)."""
+
+
+class PayloadNotRetained(MessageError):
+    """A call needs a payload again that the broker no longer gives (it forgets a message
+    once acknowledged, or keeps it only for a while) and the queue kept no copy."""
+
+    def __init__(self, msg_id: str, queue: str, broker: str, what: str) -> None:
+        self.msg_id = msg_id
+        self.queue = queue
+        super().__init__(
+            f"cannot {what} message {msg_id} of queue {queue!r}: the broker {broker} cannot "
+            f"give its payload again once delivered, and no copy of it was kept (the queue "
+            f"was opened with retain=False when it was put); nothing was changed. Open the "
+            f"queue with retain=True (the default on such a broker) to keep copies"
+        )
 
 
 class MessageTooLarge(MessageError):

@@ -10,11 +10,13 @@ import time
 from collections.abc import Callable, Sequence
 
 from iqbridge import engine
+from iqbridge.batch import Batch
 from iqbridge.delivery import Delivery
-from iqbridge.errors import IllegalTransition, LockedError, MessageNotFound
+from iqbridge.engine import Change
+from iqbridge.errors import ConcurrentUpdate, IllegalTransition, InvalidArgument, LockedError
 from iqbridge.housekeeping import Housekeeping
 from iqbridge.ids import adopted_id, new_token
-from iqbridge.model import MessageRecord, Received, check_name
+from iqbridge.model import MessageRecord, Received, Retained, check_name
 from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH, to_seconds
 from iqbridge.settling import Settling
 from iqbridge.states import IN_DOUBT, TERMINAL, SubscriberState
@@ -51,6 +53,42 @@ class Getting(Settling, Housekeeping):
         :meth:`confirm_get` or :meth:`undo` of ``delivery.confirm_id`` (no lease unless
         one is given). ``lock_id`` gets a message that a browse locked under that id.
         """
+        got = self._get(subscriber, 1, timeout, confirm, lease, lock_id)
+        return got[0] if got else None
+
+    def get_many(
+        self,
+        subscriber: str,
+        max: int,
+        *,
+        timeout: float = 0.0,
+        lease: float | None = None,
+        lock_id: str | None = None,
+    ) -> Batch:
+        """Up to ``max`` messages for ``subscriber`` at once, as a :class:`~iqbridge.batch.Batch`
+        (empty if none arrives within ``timeout``; it returns as soon as there is one).
+
+        The batch is claimed in one index commit after one broker read: every delivery
+        is FETCHED under its own lease, as from :meth:`get`; a message another consumer
+        won meanwhile is simply not in the batch. Settle the whole batch in one index
+        commit and one broker acknowledgement with ``batch.done()`` (per-delivery
+        outcomes first with ``batch.unusable(d, reason)`` or ``batch.release(d)``), or
+        move any delivery alone as usual. Claimed and not settled, a delivery comes
+        back after its lease with attempt + 1, like any other.
+        """
+        if not isinstance(max, int) or isinstance(max, bool) or max < 1:
+            raise InvalidArgument(f"max must be a positive int, got {max!r}")
+        return Batch(self, self._get(subscriber, max, timeout, False, lease, lock_id))
+
+    def _get(
+        self,
+        subscriber: str,
+        want: int,
+        timeout: float,
+        confirm: bool,
+        lease: float | None,
+        lock_id: str | None,
+    ) -> list[Delivery]:
         check_name("subscriber", subscriber)
         lease_s = to_seconds(lease, "lease")
         if lease_s is None and not confirm:
@@ -58,18 +96,18 @@ class Getting(Settling, Housekeeping):
         deadline = time.monotonic() + max(timeout, 0.0)
         pause = 0.002
         while True:
-            delivery = self._get_once(subscriber, lease_s, lock_id)
-            if delivery is not None:
-                return delivery
+            got = self._get_once(subscriber, want, lease_s, lock_id)
+            if got:
+                return got
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return None
+                return []
             self.hub.wait(min(pause, remaining))
             pause = min(pause * 2, 0.05)
 
     def _get_once(
-        self, subscriber: str, lease_s: float | None, lock_id: str | None
-    ) -> Delivery | None:
+        self, subscriber: str, want: int, lease_s: float | None, lock_id: str | None
+    ) -> list[Delivery]:
         now = self._now()
         sweep = time.monotonic() >= self._next_sweep
         if sweep:
@@ -77,35 +115,36 @@ class Getting(Settling, Housekeeping):
             self.recover(limit=200)
         owner = f"{subscriber}@{self.hub.client_id}"
         lease_until = now + int(lease_s * 1_000_000) if lease_s is not None else None
+        ask = max(want, CLAIM_BATCH)
         if not self._native or lock_id is not None:
             # Candidates are read outside the claim's transaction, so other consumers can
             # take every one of them first: only an empty list means there is nothing.
             for _ in range(CAS_ATTEMPTS):
-                ids = self._store.claimable(self.name, subscriber, now, CLAIM_BATCH, lock_id)
+                ids = self._store.claimable(self.name, subscriber, now, ask, lock_id)
                 if not ids:
-                    return None
-                delivery = self._claim_by_index(subscriber, ids, now, owner, lease_until, lock_id)
-                if delivery is not None:
-                    return delivery
-            return None
+                    return []
+                got = self._claim_by_index(subscriber, ids, want, now, owner, lease_until, lock_id)
+                if got:
+                    return got
+            return []
         # Given back (released, undone, re-revealed, lease lapsed): the index knows; the
         # broker keeps such an entry pending or acknowledged. Asked on the sweep's
         # schedule, or at once after this process gave one back, not on every get (one
         # index round trip each).
-        due: list[str] = []
+        out: list[Delivery] = []
         if sweep or (self.name, subscriber) in self.hub.redeliveries:
-            due = self._store.redeliverable(self.name, subscriber, now, CLAIM_BATCH)
-            if not due:
+            due = self._store.redeliverable(self.name, subscriber, now, ask)
+            if due:
+                out = self._claim_by_index(subscriber, due, want, now, owner, lease_until, None)
+            if not out:
                 self.hub.redeliveries.discard((self.name, subscriber))
-        if due:
-            delivery = self._claim_by_index(subscriber, due, now, owner, lease_until, None)
-            if delivery is not None:
-                return delivery
+            elif len(out) >= want:
+                return out
         min_idle = lease_s if lease_s is not None else self.lease
         groups = self._subscriptions().groups_for(subscriber)
         self._declare_groups(groups)
         colocated = self.hub.colocated
-        fetches: list[Callable[[], list[Received]]]
+        fetches: list[Callable[..., list[Received]]]
         if colocated is not None:
             # One round trip over all the subscriber's groups, index records included.
             fetches = [
@@ -114,69 +153,85 @@ class Getting(Settling, Housekeeping):
                     self.name,
                     groups,
                     subscriber,
-                    count=1,
                     min_idle=min_idle,
                     store=self._store,
                 )
             ]
         else:
             fetches = [
-                functools.partial(
-                    self._adapter.receive,
-                    self.name,
-                    group,
-                    subscriber,
-                    count=1,
-                    timeout=0.0,
-                    min_idle=min_idle,
-                )
+                functools.partial(self._receive, group, subscriber, min_idle=min_idle)
                 for group in groups
             ]
         for fetch in fetches:
             # A group also carries entries this subscriber must skip (addressed to others,
             # finished, hidden): read on past them, so a message behind them is found now.
             for _ in range(_RECEIVE_SKIPS):
-                batch = fetch()
-                if not batch:
+                need = want - len(out)
+                received = fetch(count=need)
+                if not received:
                     break
-                for received in batch:
-                    delivery = self._accept(received, subscriber, now, owner, lease_until)
-                    if delivery is not None:
-                        return delivery
-        return self._claim_read_ahead(subscriber, groups, now, owner, lease_until)
+                out += self._accept_many(received, subscriber, now, owner, lease_until)
+                if len(out) >= want or len(received) < need:
+                    break
+            if len(out) >= want:
+                return out
+        if not out:
+            out = self._claim_read_ahead(subscriber, groups, want, now, owner, lease_until)
+        return out
+
+    def _receive(
+        self, group: str, subscriber: str, *, count: int, min_idle: float
+    ) -> list[Received]:
+        return self._adapter.receive(
+            self.name, group, subscriber, count=count, timeout=0.0, min_idle=min_idle
+        )
 
     def _claim_read_ahead(
-        self, subscriber: str, groups: Sequence[str], now: int, owner: str, lease_until: int | None
-    ) -> Delivery | None:
+        self,
+        subscriber: str,
+        groups: Sequence[str],
+        want: int,
+        now: int,
+        owner: str,
+        lease_until: int | None,
+    ) -> list[Delivery]:
         """For a pool member whose groups had nothing: messages still AVAILABLE whose
         entries another member read ahead (they wait in that member's process, not in the
         group), claimed through the index; the other member then finds them taken."""
         if all(group == subscriber for group in groups):
-            return None  # no pool: nobody else reads this subscriber's group
-        ids = self._store.claimable(self.name, subscriber, now, CLAIM_BATCH)
+            return []  # no pool: nobody else reads this subscriber's group
+        ids = self._store.claimable(self.name, subscriber, now, max(want, CLAIM_BATCH))
         if not ids:
-            return None
-        return self._claim_by_index(subscriber, ids, now, owner, lease_until, None)
+            return []
+        return self._claim_by_index(subscriber, ids, want, now, owner, lease_until, None)
 
     def _claim_by_index(
         self,
         subscriber: str,
         ids: Sequence[str],
+        want: int,
         now: int,
         owner: str,
         lease_until: int | None,
         lock_id: str | None,
-    ) -> Delivery | None:
+    ) -> list[Delivery]:
+        """Claim up to ``want`` of the candidates ``ids`` through the index: one read of
+        their records, one read of their payloads, one commit (each claim applies only if
+        its compare-and-set holds; one another consumer won is left out)."""
         store = self._store
-        for msg_id in ids:
-            token = new_token()
-            with store.atomic():
-                # Waiting for another process's write lock can take a while: the claim
-                # happens once we hold the transaction, so stamp it and start its lease then.
-                at = max(now, self._now())
-                until = lease_until + (at - now) if lease_until is not None else None
+        claims: list[tuple[MessageRecord, Change, str]] = []
+        with store.atomic():
+            # Waiting for another process's write lock can take a while: the claim
+            # happens once we hold the transaction, so stamp it and start its lease then.
+            at = max(now, self._now())
+            until = lease_until + (at - now) if lease_until is not None else None
+            recs = store.load_many(ids)
+            for msg_id in ids:
+                rec = recs.get(msg_id)
+                if rec is None or rec.queue != self.name:
+                    continue
+                token = new_token()
                 try:
-                    rec = store.load(msg_id)
                     change = engine.claim(
                         rec,
                         subscriber,
@@ -186,130 +241,206 @@ class Getting(Settling, Housekeeping):
                         lease_until=until,
                         lock_id=lock_id,
                     )
-                except (IllegalTransition, LockedError, MessageNotFound):
+                except (IllegalTransition, LockedError):
                     continue
                 if rec.native_ref is None and at - rec.created_at < self.lease * 1_000_000:
                     # Put through the broker apart from the index (another store): the
                     # payload's reference is recorded just after the record. Not yet.
                     continue
-                env = self._adapter.read(self.name, rec.native_ref) if rec.native_ref else None
-                if env is None:
-                    # The broker lost the payload: GET (never FETCHED), then unusable for
-                    # this member, and say why.
-                    got = engine.claim(
-                        rec,
-                        subscriber,
-                        now,
-                        token=token,
-                        owner=owner,
-                        lease_until=lease_until,
-                        lock_id=lock_id,
-                        fetched=False,
-                    )
-                    bad = engine.chain(
-                        got,
-                        lambda r, token=token, at=at: engine.unusable(  # type: ignore[misc]
-                            r,
-                            subscriber,
-                            token,
-                            at,
-                            "payload missing on the broker",
-                            auto_journal=self.auto_journal,
-                        ),
-                    )
-                    with contextlib.suppress(StaleRecord):
-                        store.commit(bad)
-                    log.error("message %s: payload missing on %s", msg_id, self._adapter.url)
-                    continue
-                try:
-                    store.commit(change)
-                except StaleRecord:
-                    continue
+                claims.append((rec, change, token))
+                if len(claims) >= want:
+                    break
+            if not claims:
+                return []
+            envs = self._envelopes([rec for rec, _, _ in claims])
+            changes: list[Change] = []
+            for rec, change, token in claims:
+                if rec.msg_id in envs:
+                    changes.append(change)
+                elif self._native and not self._reads_by_ref:
+                    # A broker that forgets, and no retained copy (retain=False): only the
+                    # broker can hand it over again, from the entry it still holds.
+                    self._wake(rec)
+                else:
+                    changes.append(self._payload_missing(rec, subscriber, token, owner, at))
+            applied = store.commit_each(changes) if changes else []
+        out: list[Delivery] = []
+        done = {c.msg_id for c, ok in zip(changes, applied, strict=True) if ok}
+        for rec, change, token in claims:
+            env = envs.get(rec.msg_id)
+            if rec.msg_id not in done or env is None:
+                continue
             if lock_id is not None:
                 self._wake(change.record)  # the lock is gone for the other members too
             member = change.record.members[subscriber]
-            return Delivery(
-                self, env, subscriber, token, member.attempt, rec.max_attempts, change.record
+            out.append(
+                Delivery(
+                    self, env, subscriber, token, member.attempt, rec.max_attempts, change.record
+                )
             )
-        return None
+        return out
+
+    def _payload_missing(
+        self, rec: MessageRecord, subscriber: str, token: str, owner: str, at: int
+    ) -> Change:
+        """The broker lost the payload and no copy is kept: GET (never FETCHED), then
+        unusable for this member, saying why."""
+        log.error("message %s: payload missing on %s", rec.msg_id, self._adapter.url)
+        got = engine.claim(
+            rec, subscriber, at, token=token, owner=owner, lease_until=None, fetched=False
+        )
+        return engine.chain(
+            got,
+            lambda r: engine.unusable(
+                r,
+                subscriber,
+                token,
+                at,
+                "payload missing on the broker",
+                auto_journal=self.auto_journal,
+            ),
+        )
 
     def _accept(
         self, received: Received, subscriber: str, now: int, owner: str, lease_until: int | None
     ) -> Delivery | None:
         """Resolve one broker delivery against the index (native-group adapters)."""
-        env = received.envelope
-        group = received.group
-        ack = self._adapter.ack
-        hint = received.record
-        try:
-            if hint is not None and self._claimable_hint(hint, subscriber, group, now):
-                rec = hint  # compare-and-set on the claim catches a stale hint
-            else:
-                rec = self._store.load(env.msg_id)
-        except MessageNotFound:
-            if not received.adopted:
-                log.warning(
-                    "queue %s: broker entry %s has no index record (purged?); acked",
-                    self.name,
-                    env.msg_id,
-                )
-                ack(self.name, group, [received.native_ref])
-                return None
-            rec = self._adopt(received)
-        member = rec.members.get(subscriber)
-        if member is None or (member.pool or member.subscriber) != group:
-            # Not addressed to this subscriber through this group: the group is done with it.
-            if not any((m.pool or m.subscriber) == group for m in rec.members.values()):
-                ack(self.name, group, [received.native_ref])
-            return None
-        if (
-            member.state in IN_DOUBT
-            and member.lease_until is not None
-            and (member.lease_until <= now)
-        ):
-            self._apply(rec.msg_id, lambda r: engine.expire_due(r, self._now()))
-            rec = self._store.load(rec.msg_id)
-            member = rec.members[subscriber]
-        if member.state is SubscriberState.AVAILABLE:
-            token = new_token()
-            try:
-                change = self._apply(
-                    rec.msg_id,
-                    lambda r: engine.claim(
-                        r, subscriber, now, token=token, owner=owner, lease_until=lease_until
-                    ),
-                    rec,
-                )
-            except (IllegalTransition, LockedError):
-                if rec is hint:
-                    # Decided on the record read with the entry, which went stale (say the
-                    # message was withdrawn since): decide again on a fresh read, which may
-                    # acknowledge the entry.
-                    fresh = dataclasses.replace(received, record=None)
-                    return self._accept(fresh, subscriber, now, owner, lease_until)
-                return None
-            assert change is not None
-            if change.record.native_ref is None:
-                # The putter has not recorded it yet (or died first): the delivery's record
-                # must know it too, or its done() would have no entry to acknowledge.
-                self._store.set_native_ref(rec.msg_id, received.native_ref)
-                change.record.native_ref = received.native_ref
-            elif change.record.native_ref != received.native_ref:
-                # A second broker entry of one message (an idempotent put repeated after
-                # the broker took the first but before its reference was recorded): the
-                # delivery finishes the recorded entry; the group is done with this one.
-                self._broker_call(lambda: ack(self.name, group, [received.native_ref]))
-            m = change.record.members[subscriber]
-            return Delivery(
-                self, env, subscriber, token, m.attempt, rec.max_attempts, change.record
-            )
-        if member.state in TERMINAL or member.state is SubscriberState.JOURNALLED:
-            # Once-only: a redelivery of something this subscriber finished is acked, never
-            # processed again.
-            ack(self.name, group, [received.native_ref])
-            return None
-        # Held by someone (or not yet revealed): leave it pending; it comes back when idle.
-        return None
+        got = self._accept_many([received], subscriber, now, owner, lease_until)
+        return got[0] if got else None
+
+    def _accept_many(
+        self,
+        batch: Sequence[Received],
+        subscriber: str,
+        now: int,
+        owner: str,
+        lease_until: int | None,
+    ) -> list[Delivery]:
+        """Resolve broker deliveries against the index: the claimable ones are claimed in
+        one commit; one whose compare-and-set fails is decided again on a fresh read."""
+        out: list[Delivery] = []
+        pending = list(batch)
+        for _ in range(CAS_ATTEMPTS):
+            claims, again = self._plan(pending, subscriber, now, owner, lease_until)
+            flags = self._store.commit_each([c for _, c, _ in claims]) if claims else []
+            refs: list[tuple[str, str]] = []
+            for (received, change, token), ok in zip(claims, flags, strict=True):
+                if not ok:
+                    again.append(received)
+                    continue
+                out.append(self._delivered(received, change, token, subscriber, refs))
+            if refs:
+                self._store.set_native_refs(refs)
+            if not again:
+                return out
+            pending = [dataclasses.replace(r, record=None) for r in again]
+        raise ConcurrentUpdate(pending[0].envelope.msg_id, CAS_ATTEMPTS)
+
+    def _plan(
+        self,
+        batch: Sequence[Received],
+        subscriber: str,
+        now: int,
+        owner: str,
+        lease_until: int | None,
+    ) -> tuple[list[tuple[Received, Change, str]], list[Received]]:
+        """Decide what each broker delivery is for this subscriber: a claim (returned with
+        its token), an acknowledgement (sent here: not addressed to the group, finished
+        already, purged), nothing (held by someone else: it stays pending), or a decision
+        to make again on a fresh read (returned apart)."""
+        store = self._store
+        hints: dict[int, MessageRecord] = {}
+        unread: list[str] = []
+        for i, received in enumerate(batch):
+            hint = received.record
+            if hint is not None and self._claimable_hint(hint, subscriber, received.group, now):
+                hints[i] = hint  # compare-and-set on the claim catches a stale hint
+            elif received.envelope.msg_id:
+                unread.append(received.envelope.msg_id)
+        loaded = store.load_many(unread) if unread else {}
+        acks: dict[str, list[str]] = {}
+        claims: list[tuple[Received, Change, str]] = []
+        again: list[Received] = []
+        for i, received in enumerate(batch):
+            env = received.envelope
+            group = received.group
+            rec = hints.get(i) or loaded.get(env.msg_id)
+            if rec is None:
+                if not received.adopted:
+                    log.warning(
+                        "queue %s: broker entry %s has no index record (purged?); acked",
+                        self.name,
+                        env.msg_id,
+                    )
+                    acks.setdefault(group, []).append(received.native_ref)
+                    continue
+                rec = self._adopt(received)
+            member = rec.members.get(subscriber)
+            if member is None or (member.pool or member.subscriber) != group:
+                # Not addressed to this subscriber through this group: the group is done
+                # with it.
+                if not any((m.pool or m.subscriber) == group for m in rec.members.values()):
+                    acks.setdefault(group, []).append(received.native_ref)
+                continue
+            if (
+                member.state in IN_DOUBT
+                and member.lease_until is not None
+                and (member.lease_until <= now)
+            ):
+                self._apply(rec.msg_id, lambda r: engine.expire_due(r, self._now()))
+                rec = store.load(rec.msg_id)
+                member = rec.members[subscriber]
+            if member.state is SubscriberState.AVAILABLE:
+                token = new_token()
+                try:
+                    change = engine.claim(
+                        rec, subscriber, now, token=token, owner=owner, lease_until=lease_until
+                    )
+                except (IllegalTransition, LockedError):
+                    if i in hints:
+                        # Decided on the record read with the entry, which went stale (say
+                        # the message was withdrawn since): decide again on a fresh read,
+                        # which may acknowledge the entry.
+                        again.append(received)
+                    continue
+                claims.append((received, change, token))
+            elif member.state in TERMINAL or member.state is SubscriberState.JOURNALLED:
+                # Once-only: a redelivery of something this subscriber finished is acked,
+                # never processed again.
+                acks.setdefault(group, []).append(received.native_ref)
+            # Else held by someone (or not yet revealed): leave it pending; it comes back
+            # when idle.
+        for group, refs in acks.items():
+            self._adapter.ack(self.name, group, refs)
+        return claims, again
+
+    def _delivered(
+        self,
+        received: Received,
+        change: Change,
+        token: str,
+        subscriber: str,
+        refs: list[tuple[str, str]],
+    ) -> Delivery:
+        """The delivery of a claimed broker entry; ``refs`` collects native references the
+        index still lacks."""
+        rec = change.record
+        if rec.native_ref is None:
+            # The putter has not recorded it yet (or died first): the delivery's record
+            # must know it too, or its done() would have no entry to acknowledge.
+            refs.append((rec.msg_id, received.native_ref))
+            rec.native_ref = received.native_ref
+        elif rec.native_ref != received.native_ref:
+            # A second broker entry of one message (an idempotent put repeated after the
+            # broker took the first but before its reference was recorded): the delivery
+            # finishes the recorded entry; the group is done with this one.
+            group = received.group
+            ref = received.native_ref
+            self._broker_call(lambda: self._adapter.ack(self.name, group, [ref]))
+        m = rec.members[subscriber]
+        return Delivery(
+            self, received.envelope, subscriber, token, m.attempt, rec.max_attempts, rec
+        )
 
     @staticmethod
     def _claimable_hint(rec: MessageRecord, subscriber: str, group: str, now: int) -> bool:
@@ -343,6 +474,8 @@ class Getting(Settling, Housekeeping):
             size=len(env.body),
             native_ref=received.native_ref,
         )
+        if self.retain:
+            change.retain = Retained(env.body, dict(env.headers))
         with contextlib.suppress(StaleRecord):  # another consumer adopted it first
             self._store.commit(change)
         return self._store.load(msg_id)

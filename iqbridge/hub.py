@@ -110,6 +110,7 @@ class Hub:
         max_bytes: int = 16 * 1024 * 1024,
         auto_journal: bool = True,
         sweep_interval: float = 1.0,
+        retain: bool | None = None,
     ) -> Queue:
         """A handle on the queue ``name``.
 
@@ -118,6 +119,13 @@ class Hub:
         messages put here); ``lease`` is how long a get holds a message before it is in
         doubt; ``max_bytes`` caps payload size; ``auto_journal`` journals a subscriber's
         message as soon as it is DONE, UNUSABLE or EXPIRED.
+
+        ``retain`` keeps a copy of each payload put here beside the index (written in the
+        put's commit, removed by purge), for peek, browse under a lock, re-reveal and
+        redelivery through the index: by default exactly when the broker cannot give a
+        payload again (``adapter.capabilities.forgets``: RabbitMQ, IBM MQ, Kafka past its
+        retention). ``retain=False`` on such a broker keeps none: peek and re-reveal then
+        raise PayloadNotRetained, and a redelivery waits for the broker's own.
         """
         check_name("queue", name)
         lease_s = lease.total_seconds() if isinstance(lease, timedelta) else float(lease)
@@ -142,6 +150,7 @@ class Hub:
             max_bytes=max_bytes,
             auto_journal=auto_journal,
             sweep_interval=sweep_interval,
+            retain=retain,
         )
 
     def queues(self) -> list[str]:

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from iqbridge import engine
 from iqbridge.engine import Change
-from iqbridge.errors import InvalidArgument, LockedError, MessageNotFound
+from iqbridge.errors import InvalidArgument, LockedError, MessageNotFound, PayloadNotRetained
 from iqbridge.ids import new_token
 from iqbridge.model import (
     Envelope,
@@ -100,8 +100,10 @@ class Looking(QueueCore):
         rec = self._store.load(msg_id)
         if rec.queue != self.name:
             raise MessageNotFound(msg_id, self.name)
-        env = self._adapter.read(self.name, rec.native_ref) if rec.native_ref else None
+        env = self._envelopes([rec]).get(msg_id)
         if env is None:
+            if self._adapter.capabilities.forgets:
+                raise PayloadNotRetained(msg_id, self.name, self._adapter.url, "peek at")
             raise MessageNotFound(msg_id, self.name)
         return env
 

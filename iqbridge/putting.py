@@ -16,9 +16,10 @@ from iqbridge.errors import (
     IQError,
     MessageNotFound,
     MessageTooLarge,
+    PayloadNotRetained,
 )
 from iqbridge.ids import new_id
-from iqbridge.model import Audience, Envelope, MessageRecord, check_name, check_text
+from iqbridge.model import Audience, Envelope, MessageRecord, Retained, check_name, check_text
 from iqbridge.payload import encode
 from iqbridge.queue_core import CAS_ATTEMPTS, to_seconds
 from iqbridge.stores.base import StaleRecord
@@ -165,6 +166,9 @@ class Putting(Subscribing):
                     confirm=confirm,
                 )
             )
+            if self.retain:
+                # The broker forgets: a copy beside the index, in the same commit.
+                changes[-1].retain = Retained(body, hdrs)
         if not envelopes:
             return []
         if ids is not None:
@@ -281,11 +285,15 @@ class Putting(Subscribing):
             if not withdraw:
                 raise
             why = f"the broker refused the put ({type(exc).__name__})"
-            for change in changes:
-                self._apply(change.msg_id, lambda r: engine.withdraw(r, self._now(), why))
+            now = self._now()
+            undo = [engine.withdraw(c.record, now, why) for c in changes]
+            for change, ok in zip(undo, self._store.commit_each(undo), strict=True):
+                if not ok:  # someone moved it meanwhile: decide on a fresh read
+                    self._apply(change.msg_id, lambda r: engine.withdraw(r, self._now(), why))
             raise
-        for change, ref in zip(changes, refs, strict=True):
-            self._store.set_native_ref(change.msg_id, ref)
+        self._store.set_native_refs(
+            [(change.msg_id, ref) for change, ref in zip(changes, refs, strict=True)]
+        )
 
     def confirm_put(self, msg_id: str) -> None:
         """Reveal a put made with ``confirm=True``: PUT -> REVEALED."""
@@ -300,6 +308,12 @@ class Putting(Subscribing):
         if to is None:
             self.confirm_put(msg_id)
             return
+        if self._adapter.capabilities.forgets:
+            # The member's entry is gone from the broker: the retained copy serves the
+            # redelivery, so without one there is nothing to reveal.
+            rec = self._store.load(msg_id)
+            if rec.queue == self.name and not self._envelopes([rec]):
+                raise PayloadNotRetained(msg_id, self.name, self._adapter.url, "re-reveal")
         self._apply(msg_id, lambda r: engine.rereveal(r, to, self._now()))
         self.hub.notify()
 

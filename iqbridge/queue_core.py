@@ -14,14 +14,14 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Protocol
 
 from iqbridge.adapter import Adapter, Colocated
 from iqbridge.engine import Change
 from iqbridge.errors import ConcurrentUpdate, InvalidArgument, IQError, MessageNotFound
-from iqbridge.model import MessageRecord, Subscriptions
+from iqbridge.model import Envelope, MessageRecord, Subscriptions
 from iqbridge.retry import RetryPolicy
 from iqbridge.states import SubscriberState
 from iqbridge.stores.base import IndexStore, StaleRecord
@@ -81,6 +81,7 @@ class QueueCore:
         max_bytes: int,
         auto_journal: bool,
         sweep_interval: float,
+        retain: bool | None = None,
     ) -> None:
         self.hub = hub
         self.name = name
@@ -97,6 +98,10 @@ class QueueCore:
         self._subs: Subscriptions | None = None
         self._subs_at = 0.0
         self._declared: set[str] = set()
+        forgets = hub.adapter.capabilities.forgets
+        #: Puts keep a copy of each payload beside the index (the broker forgets them).
+        self.retain = forgets if retain is None else retain
+        self._reads_by_ref = hub.adapter.capabilities.read_by_ref
 
     def _now(self) -> int:
         return self.hub.now_us()
@@ -133,12 +138,38 @@ class QueueCore:
                     store.commit(change)
                 except StaleRecord:
                     continue
-                if self._native:
-                    for m in change.record.members.values():
-                        if m.attempt > 1 and m.state is SubscriberState.AVAILABLE:
-                            self.hub.redeliveries.add((self.name, m.subscriber))
+                self._note_redeliveries(change)
                 return change
         raise ConcurrentUpdate(msg_id, CAS_ATTEMPTS)
+
+    def _note_redeliveries(self, change: Change) -> None:
+        """Native-group brokers: a member given back (released, reopened, re-revealed,
+        lease lapsed) is found through the index; its subscriber's next get asks at once."""
+        if self._native:
+            for m in change.record.members.values():
+                if m.attempt > 1 and m.state is SubscriberState.AVAILABLE:
+                    self.hub.redeliveries.add((self.name, m.subscriber))
+
+    def _envelopes(self, recs: Sequence[MessageRecord]) -> dict[str, Envelope]:
+        """The payloads of several messages by msg_id: read by reference from the broker
+        in one call where it can, else (or where it no longer has one) from the retained
+        copies beside the index, in one more call. Messages found in neither are left out."""
+        out: dict[str, Envelope] = {}
+        if self._reads_by_ref:
+            refd = [r for r in recs if r.native_ref]
+            if refd:
+                envs = self._adapter.read_many(self.name, [r.native_ref or "" for r in refd])
+                for rec, env in zip(refd, envs, strict=True):
+                    if env is not None:
+                        out[rec.msg_id] = env
+        missing = [r for r in recs if r.msg_id not in out]
+        if missing:
+            kept = self._store.retained([r.msg_id for r in missing])
+            for rec in missing:
+                copy = kept.get(rec.msg_id)
+                if copy is not None:
+                    out[rec.msg_id] = rec.envelope(copy)
+        return out
 
     def _subscriptions(self, fresh: bool = False) -> Subscriptions:
         now = time.monotonic()

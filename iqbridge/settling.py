@@ -1,37 +1,205 @@
-"""Settling deliveries: in process, done, unusable, release, renew; confirm and undo."""
+"""Settling deliveries: a delivery's moves (in process, done, unusable, release, renew),
+one at a time or a whole batch in one index commit, confirm_get, undo, and transactions
+of the application's database."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from iqbridge import engine
 from iqbridge.engine import Change
-from iqbridge.errors import IllegalTransition, InvalidArgument
+from iqbridge.errors import IllegalTransition, InvalidArgument, IQError
 from iqbridge.model import MessageRecord
 from iqbridge.queue_core import QueueCore, to_seconds
-from iqbridge.states import PublisherState
-from iqbridge.transaction import Transaction, join
+from iqbridge.states import IN_DOUBT, PublisherState
+from iqbridge.transaction import Binding, Transaction, join
 
-__all__ = ["Settling"]
+if TYPE_CHECKING:
+    from iqbridge.delivery import Delivery
+
+__all__ = ["Move", "Settled", "Settling"]
 
 log = logging.getLogger("iqbridge")
 
 
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One move of a held delivery: ``kind`` is process, done, unusable, release or renew."""
+
+    kind: str
+    reason: str = ""
+    delay: float = 0.0
+    lease: float | None = None
+
+
+DONE = Move("done")
+PROCESS = Move("process")
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What settling a batch did, by msg_id: ``done``, ``unusable`` and ``released``
+    moved as asked; ``lost`` (msg_id -> why) could not move because their lease was taken
+    over or they were finished already; nothing changed for them."""
+
+    done: list[str] = field(default_factory=list)
+    unusable: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    lost: dict[str, str] = field(default_factory=dict)
+
+
 class Settling(QueueCore):
-    """A delivery's moves (in process, done, unusable, release, renew), confirm_get,
-    undo, and transactions of the application's database.
+    """A delivery's moves (in process, done, unusable, release, renew), one by one or
+    for a batch at once, confirm_get, undo, and transactions of the application's
+    database.
 
     One part of :class:`~iqbridge.queue.Queue`."""
+
+    def _op(
+        self, move: Move, subscriber: str, token: str | None
+    ) -> Callable[[MessageRecord], Change]:
+        """The engine operation of ``move`` for one subscriber's hold."""
+        kind = move.kind
+        if kind == "done":
+            return lambda r: engine.done(
+                r, subscriber, token, self._now(), auto_journal=self.auto_journal
+            )
+        if kind == "unusable":
+            return lambda r: engine.unusable(
+                r, subscriber, token, self._now(), move.reason, auto_journal=self.auto_journal
+            )
+        if kind == "release":
+            delay_us = int(max(move.delay, 0.0) * 1_000_000)
+            return lambda r: engine.release(
+                r, subscriber, token, self._now(), reason=move.reason, delay_us=delay_us
+            )
+        if kind == "process":
+            return lambda r: engine.process(r, subscriber, token, self._now())
+        if kind == "renew":
+            secs = to_seconds(move.lease, "lease")
+            secs = self.lease if secs is None else secs
+
+            def renew(r: MessageRecord) -> Change:
+                now = self._now()
+                return engine.renew(r, subscriber, token or "", now, now + int(secs * 1e6))
+
+            return renew
+        raise InvalidArgument(f"unknown move {kind!r}")
+
+    def _move(
+        self,
+        msg_id: str,
+        subscriber: str,
+        token: str | None,
+        move: Move,
+        hint: MessageRecord | None = None,
+    ) -> Change:
+        """One move, committed (retrying a lost race on a fresh read), then told to the
+        broker."""
+        change = self._apply(msg_id, self._op(move, subscriber, token), hint)
+        assert change is not None
+        self._tell_broker([(change, subscriber, move)])
+        return change
+
+    def _tell_broker(self, moved: Sequence[tuple[Change, str, Move]]) -> None:
+        """What the broker hears once the index holds the outcomes: one acknowledgement
+        per group for what is DONE, a dead letter per UNUSABLE; given-back messages wake
+        this process's getters."""
+        acks: dict[str, list[str]] = {}
+        wake = False
+        for change, subscriber, move in moved:
+            rec = change.record
+            if move.kind == "release":
+                wake = True
+            elif move.kind in ("done", "unusable") and self._native and rec.native_ref:
+                group = self._group_of(rec, subscriber)
+                if move.kind == "done":
+                    acks.setdefault(group, []).append(rec.native_ref)
+                else:
+                    self._broker_call(
+                        functools.partial(
+                            self._adapter.dead_letter, self.name, group, rec.native_ref, move.reason
+                        )
+                    )
+        for group, refs in acks.items():
+            self._broker_call(functools.partial(self._adapter.ack, self.name, group, refs))
+        if wake:
+            self.hub.notify()
+
+    def _settle_many(
+        self, moves: Sequence[tuple[Delivery, Move]], transaction: object = None
+    ) -> Settled:
+        """Move many held deliveries in one index commit and one broker acknowledgement
+        per group. A move whose compare-and-set fails (another move of the message came
+        first) is made again on a fresh read; one that cannot be made (lease lost,
+        finished already) is reported in ``Settled.lost`` and changes nothing."""
+        result = Settled()
+        planned: list[tuple[Delivery, Move, Change]] = []
+        retry: list[tuple[Delivery, Move]] = []
+        for d, move in moves:
+            if d.state not in IN_DOUBT:
+                result.lost[d.msg_id] = f"it was moved alone already: it is {d.state.value}"
+                continue
+            if d._record is None:
+                retry.append((d, move))
+                continue
+            try:
+                planned.append((d, move, self._op(move, d.subscriber, d._token)(d._record)))
+            except IQError:
+                retry.append((d, move))  # the delivery's record is stale: read it anew
+        store = self._store
+        moved: list[tuple[Delivery, Move, Change]] = []
+        binding: Binding | None = None
+        with contextlib.ExitStack() as stack:
+            if transaction is not None:
+                binding = stack.enter_context(join(store, transaction))
+            flags = store.commit_each([c for _, _, c in planned]) if planned else []
+            for (d, move, change), ok in zip(planned, flags, strict=True):
+                if ok:
+                    moved.append((d, move, change))
+                else:
+                    retry.append((d, move))
+            for d, move in retry:
+                try:
+                    again = self._apply(d.msg_id, self._op(move, d.subscriber, d._token))
+                except IQError as exc:
+                    result.lost[d.msg_id] = str(exc)
+                    continue
+                assert again is not None
+                moved.append((d, move, again))
+            if binding is not None:
+                before = [(d, d._record, d.state) for d, _, _ in moved]
+
+                def undo() -> None:
+                    for d, rec, state in before:
+                        d._record, d.state = rec, state
+
+                binding.on_rollback(undo)
+        for d, move, change in moved:
+            self._note_redeliveries(change)
+            d._moved(change)
+            if move.kind == "done":
+                result.done.append(d.msg_id)
+            elif move.kind == "unusable":
+                result.unusable.append(d.msg_id)
+            elif move.kind == "release":
+                result.released.append(d.msg_id)
+        told = [(c, d.subscriber, m) for d, m, c in moved]
+        if binding is None:
+            self._tell_broker(told)
+        else:
+            binding.after_commit(lambda: self._tell_broker(told))
+        return result
 
     def _process(
         self, msg_id: str, subscriber: str, token: str, hint: MessageRecord | None = None
     ) -> Change:
-        change = self._apply(
-            msg_id, lambda r: engine.process(r, subscriber, token, self._now()), hint
-        )
-        assert change is not None
-        return change
+        return self._move(msg_id, subscriber, token, PROCESS, hint)
 
     def _done(
         self,
@@ -42,33 +210,16 @@ class Settling(QueueCore):
         transaction: object = None,
         on_rollback: Callable[[], None] | None = None,
     ) -> Change:
-        def op(r: MessageRecord) -> Change:
-            return engine.done(r, subscriber, token, self._now(), auto_journal=self.auto_journal)
-
         if transaction is None:
-            change = self._apply(msg_id, op, hint)
-        else:
-            # In the application's transaction: DONE commits (or not) with its rows, and
-            # the broker hears of it only after the commit.
-            with join(self._store, transaction) as binding:
-                change = self._apply(msg_id, op, hint)
-                if on_rollback is not None:
-                    binding.on_rollback(on_rollback)
-        assert change is not None
-        rec = change.record
-        if self._native and rec.native_ref:
-
-            def ack() -> None:
-                self._broker_call(
-                    lambda: self._adapter.ack(
-                        self.name, self._group_of(rec, subscriber), [rec.native_ref or ""]
-                    )
-                )
-
-            if transaction is None:
-                ack()
-            else:
-                binding.after_commit(ack)
+            return self._move(msg_id, subscriber, token, DONE, hint)
+        # In the application's transaction: DONE commits (or not) with its rows, and
+        # the broker hears of it only after the commit.
+        with join(self._store, transaction) as binding:
+            change = self._apply(msg_id, self._op(DONE, subscriber, token), hint)
+            assert change is not None
+            if on_rollback is not None:
+                binding.on_rollback(on_rollback)
+        binding.after_commit(lambda: self._tell_broker([(change, subscriber, DONE)]))
         return change
 
     def transaction(self, connection: object) -> Transaction:
@@ -91,22 +242,7 @@ class Settling(QueueCore):
         reason: str,
         hint: MessageRecord | None = None,
     ) -> Change:
-        change = self._apply(
-            msg_id,
-            lambda r: engine.unusable(
-                r, subscriber, token, self._now(), reason, auto_journal=self.auto_journal
-            ),
-            hint,
-        )
-        assert change is not None
-        rec = change.record
-        if self._native and rec.native_ref:
-            self._broker_call(
-                lambda: self._adapter.dead_letter(
-                    self.name, self._group_of(rec, subscriber), rec.native_ref or "", reason
-                )
-            )
-        return change
+        return self._move(msg_id, subscriber, token, Move("unusable", reason=reason), hint)
 
     def _release(
         self,
@@ -117,17 +253,9 @@ class Settling(QueueCore):
         delay: float,
         hint: MessageRecord | None = None,
     ) -> Change:
-        delay_us = int(max(delay, 0.0) * 1_000_000)
-        change = self._apply(
-            msg_id,
-            lambda r: engine.release(
-                r, subscriber, token, self._now(), reason=reason, delay_us=delay_us
-            ),
-            hint,
+        return self._move(
+            msg_id, subscriber, token, Move("release", reason=reason, delay=delay), hint
         )
-        assert change is not None
-        self.hub.notify()
-        return change
 
     def _renew(
         self,
@@ -137,16 +265,7 @@ class Settling(QueueCore):
         lease: float | None,
         hint: MessageRecord | None = None,
     ) -> Change:
-        secs = to_seconds(lease, "lease")
-        secs = self.lease if secs is None else secs
-
-        def op(r: MessageRecord) -> Change:
-            now = self._now()
-            return engine.renew(r, subscriber, token, now, now + int(secs * 1_000_000))
-
-        change = self._apply(msg_id, op, hint)
-        assert change is not None
-        return change
+        return self._move(msg_id, subscriber, token, Move("renew", lease=lease), hint)
 
     @staticmethod
     def _parse_confirm(confirm_id: str) -> tuple[str, str, str]:

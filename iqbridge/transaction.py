@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from iqbridge.stores.base import IndexStore
 
-__all__ = ["Transaction", "join"]
+__all__ = ["Binding", "Transaction", "join"]
 
 log = logging.getLogger("iqbridge")
 
@@ -165,7 +165,7 @@ class Transaction:
         self._on_rollback.clear()
 
 
-class _Binding:
+class Binding:
     """What one transition made in an application transaction may leave for later."""
 
     def __init__(self, tx: Transaction | None) -> None:
@@ -183,7 +183,7 @@ class _Binding:
 
 
 @contextlib.contextmanager
-def join(store: IndexStore, transaction: Any) -> Iterator[_Binding]:
+def join(store: IndexStore, transaction: Any) -> Iterator[Binding]:
     """Run the index work inside on the application transaction ``transaction``.
 
     ``transaction`` is a :class:`Transaction` (inside its block) or a SQLAlchemy
@@ -199,4 +199,4 @@ def join(store: IndexStore, transaction: Any) -> Iterator[_Binding]:
         info = getattr(conn, "info", None)
         tx = info.get(_ACTIVE) if isinstance(info, dict) else None
     with joinable.join(conn):
-        yield _Binding(tx)
+        yield Binding(tx)

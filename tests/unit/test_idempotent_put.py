@@ -140,7 +140,7 @@ def test_a_lost_native_ref_gives_a_second_broker_entry_delivered_once() -> None:
         q = hub.queue("orders", lease=0.2)
         to = ["a", "b", Pool("p", ["p1", "p2"])]
         msg_id = new_id()
-        fail_once(hub.store, "set_native_ref", IndexUnavailable("index went away"))
+        fail_once(hub.store, "set_native_refs", IndexUnavailable("index went away"))
         with pytest.raises(IndexUnavailable):
             q.put({"n": 1}, to=to, msg_id=msg_id)
         q.put({"n": 1}, to=to, msg_id=msg_id)
@@ -173,7 +173,7 @@ def test_an_entry_read_before_its_reference_was_recorded_is_acknowledged(
     # reference in by itself.)
     with iqbridge.connect("memory://", index=f"sqlite:///{tmp_path / 'index.db'}") as hub:
         q = hub.queue("orders")
-        fail_once(hub.store, "set_native_ref", IndexUnavailable("not yet"))
+        fail_once(hub.store, "set_native_refs", IndexUnavailable("not yet"))
         with pytest.raises(IndexUnavailable):
             q.put("x", to=["s", Pool("p", ["p1", "p2"])], msg_id=new_id())
         assert drain(q, "s") == ["x"]

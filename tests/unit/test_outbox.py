@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -300,16 +300,16 @@ def test_a_lost_reference_gives_a_second_broker_entry_but_one_delivery(outbox: O
     with iqbridge.connect("memory://") as hub:
         with outbox.engine.begin() as conn:
             ids = [order(outbox, conn, n) for n in range(3)]
-        real = hub.store.set_native_ref
+        real = hub.store.set_native_refs
         calls = [0]
 
-        def lost(msg_id: str, ref: str) -> None:
+        def lost(refs: Sequence[tuple[str, str]]) -> None:
             calls[0] += 1
             if calls[0] == 1:
                 raise IndexUnavailable("the reply was lost")
-            real(msg_id, ref)
+            real(refs)
 
-        hub.store.set_native_ref = lost  # type: ignore[method-assign]
+        hub.store.set_native_refs = lost  # type: ignore[method-assign]
         with pytest.raises(IndexUnavailable):
             Relay(outbox, hub).run_once()
         Relay(outbox, hub).run(once=True)

@@ -1,0 +1,166 @@
+"""A batch of deliveries, claimed together by ``queue.get_many`` and settled together.
+
+A batch costs one index commit and one broker read to claim, and one index commit plus
+one broker acknowledgement per consumer group to settle, however many deliveries it
+holds::
+
+    batch = queue.get_many("billing", 100, timeout=1.0)
+    for delivery in batch:
+        try:
+            handle(delivery.payload)
+        except BadOrder as exc:
+            batch.unusable(delivery, str(exc))   # recorded; applied by done()
+    batch.done()                                 # the rest DONE, all in one commit
+
+Every delivery is an ordinary :class:`~iqbridge.delivery.Delivery` and can still be moved
+alone (``delivery.done()``, ``delivery.release()``...); settling the batch then leaves it
+as it is. Claimed and never settled, a delivery comes back after its lease with attempt
++ 1, as from ``get``: nothing is DONE twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, overload
+
+from iqbridge.delivery import Delivery
+from iqbridge.errors import InvalidArgument
+from iqbridge.settling import DONE, PROCESS, Move, Settled
+from iqbridge.states import IN_DOUBT, SubscriberState
+
+if TYPE_CHECKING:
+    from iqbridge.retry import RetryPolicy
+
+__all__ = ["Batch", "Settled"]
+
+
+class BatchMover(Protocol):
+    """What a batch needs of its queue (the queue's settling part)."""
+
+    name: str
+    retry: RetryPolicy
+
+    def _settle_many(
+        self, moves: Sequence[tuple[Delivery, Move]], transaction: object = None
+    ) -> Settled: ...
+
+
+class Batch(Sequence[Delivery]):
+    """Deliveries claimed together (see the module documentation); a sequence of
+    :class:`~iqbridge.delivery.Delivery`, empty when nothing arrived.
+
+    As a context manager it marks every delivery IN_PROCESS on entry (one commit) and
+    settles on exit: a clean exit is :meth:`done`; on an exception, the queue's retry
+    policy releases every unsettled delivery for another attempt or marks it UNUSABLE,
+    in one commit, and the exception propagates.
+    """
+
+    __slots__ = ("_deliveries", "_outcomes", "_queue")
+
+    def __init__(self, queue: BatchMover, deliveries: Sequence[Delivery]) -> None:
+        self._queue = queue
+        self._deliveries = list(deliveries)
+        self._outcomes: dict[int, Move] = {}
+
+    @overload
+    def __getitem__(self, index: int) -> Delivery: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Delivery]: ...
+
+    def __getitem__(self, index: int | slice) -> Delivery | Sequence[Delivery]:
+        return self._deliveries[index]
+
+    def __len__(self) -> int:
+        return len(self._deliveries)
+
+    def __iter__(self) -> Iterator[Delivery]:
+        return iter(self._deliveries)
+
+    def __bool__(self) -> bool:
+        return bool(self._deliveries)
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """The msg_ids of the batch, in delivery order."""
+        return [d.msg_id for d in self._deliveries]
+
+    def _index(self, delivery: Delivery) -> int:
+        for i, d in enumerate(self._deliveries):
+            if d is delivery:
+                return i
+        raise InvalidArgument(f"message {delivery.msg_id} is not a delivery of this batch")
+
+    def unusable(self, delivery: Delivery, reason: str) -> None:
+        """Record that ``delivery`` is to go UNUSABLE (then JOURNALLED) with ``reason``
+        when the batch is settled by :meth:`done`. No I/O."""
+        self._outcomes[self._index(delivery)] = Move("unusable", reason=reason)
+
+    def release(self, delivery: Delivery, delay: float = 0.0, reason: str = "released") -> None:
+        """Record that ``delivery`` is to be given back (AVAILABLE after ``delay``
+        seconds, attempt + 1) when the batch is settled by :meth:`done`. No I/O."""
+        if delay < 0:
+            raise InvalidArgument(f"delay must not be negative, got {delay}")
+        self._outcomes[self._index(delivery)] = Move("release", reason=reason, delay=delay)
+
+    def done(self, transaction: object = None) -> Settled:
+        """Settle the batch: every delivery still held goes DONE (then JOURNALLED), except
+        those given another outcome with :meth:`unusable` or :meth:`release`, which take
+        it; one index commit, one broker acknowledgement per consumer group.
+
+        ``transaction``: as for :meth:`Delivery.done <iqbridge.Delivery.done>`, a
+        :meth:`Queue.transaction <iqbridge.Queue.transaction>` or SQLAlchemy
+        ``Connection`` on the SQL index's database: the batch then commits (or rolls
+        back) with your own rows, and the broker hears of it after the commit.
+
+        Returns what moved; deliveries moved alone before, or whose lease was taken over,
+        are reported in ``Settled.lost`` and changed nothing.
+        """
+        moves = [
+            (d, self._outcomes.get(i, DONE))
+            for i, d in enumerate(self._deliveries)
+            if d.state in IN_DOUBT
+        ]
+        result = self._queue._settle_many(moves, transaction) if moves else Settled()
+        self._outcomes.clear()
+        return result
+
+    def in_process(self) -> None:
+        """Every FETCHED delivery -> IN_PROCESS, in one index commit."""
+        moves = [(d, PROCESS) for d in self._deliveries if d.state is SubscriberState.FETCHED]
+        if moves:
+            self._queue._settle_many(moves)
+
+    def renew(self, lease: float | None = None) -> Settled:
+        """Extend every held delivery's lease by ``lease`` seconds from now (default: the
+        queue's), in one index commit."""
+        moves = [(d, Move("renew", lease=lease)) for d in self._deliveries if d.state in IN_DOUBT]
+        return self._queue._settle_many(moves) if moves else Settled()
+
+    def __enter__(self) -> Batch:
+        self.in_process()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.done()
+            return
+        policy = self._queue.retry
+        reason = f"{type(exc).__name__}: {exc}"[:1000]
+        for i, d in enumerate(self._deliveries):
+            if i in self._outcomes or d.state not in IN_DOUBT:
+                continue
+            if policy.gives_up(exc, d.attempt, d.max_attempts):
+                self._outcomes[i] = Move("unusable", reason=reason)
+            else:
+                self._outcomes[i] = Move("release", reason=reason, delay=policy.delay(d.attempt))
+        self.done()
+
+    def __repr__(self) -> str:
+        return f"<Batch of {len(self._deliveries)} from {self._queue.name!r}>"
