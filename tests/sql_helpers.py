@@ -81,7 +81,7 @@ def empty_index(url: str) -> None:
     try:
         t = store.tables
         with store.writer.begin() as conn:
-            for table in (t.journal, t.members, t.messages, t.queues):
+            for table in (t.journal, t.members, t.payloads, t.messages, t.queues):
                 conn.execute(table.delete())
     finally:
         store.close()

@@ -20,7 +20,10 @@ version, instance id). Every search field and the claim order are indexed.
 A transition is a conditional ``UPDATE ... WHERE msg_id = ? AND version = ?`` of the
 message row (compare-and-set: no row updated means :class:`StaleRecord`, and nothing was
 written), then the member rows it changed and its journal rows, in one database
-transaction. A new message is an ``INSERT`` (an existing msg_id means StaleRecord).
+transaction. A new message is an ``INSERT`` (an existing msg_id means StaleRecord), with
+its retained payload copy, if any, in ``payloads``. :meth:`SqlStore.commit_each` (the
+batch path) locks the batch's message rows with one ``SELECT ... FOR UPDATE``, compares
+the versions there, and writes only the changes that still hold.
 :meth:`SqlStore.atomic` opens a real transaction on a connection of the calling thread;
 nested calls join it.
 
@@ -36,6 +39,7 @@ NULL, so empty publisher or ordering-key names cannot be stored); it is not test
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -64,12 +68,13 @@ from iqbridge.model import (
     Member,
     MessageRecord,
     MessageSummary,
+    Retained,
     Subscriptions,
     to_micros,
 )
 from iqbridge.states import ActorKind, Mode, PublisherState, SubscriberState
 from iqbridge.stores.base import AvailableQueries, PurgedMessage, StaleRecord
-from iqbridge.stores.codec import subscriptions_from_json, subscriptions_to_json, summary
+from iqbridge.stores.codec import encode, subscriptions_from_json, subscriptions_to_json, summary
 from iqbridge.stores.sql_schema import SqlOptions, Tables, ensure_schema, make_tables, parse_sql_url
 
 __all__ = ["SqlStore"]
@@ -83,6 +88,9 @@ _JOURNALLED = PublisherState.JOURNALLED.value
 
 #: Ids per IN (...) list (Oracle allows at most 1000).
 _CHUNK = 500
+
+#: Tries of a commit_each whose transaction the database rolled back (deadlock).
+_EACH_ATTEMPTS = 3
 
 # Deadlocks and serialisation failures: the database rolled the transaction back.
 _RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})
@@ -239,6 +247,28 @@ class SqlStore(AvailableQueries):
             .order_by(mem.c.position)
         )
         self._load_locked = self._load.with_for_update()
+        self._load_many = (
+            sa.select(*cols)
+            .select_from(msg.join(mem, mem.c.msg_id == msg.c.msg_id))
+            .where(msg.c.msg_id.in_(bp("ids", expanding=True)))
+            .order_by(msg.c.msg_id, mem.c.position)
+        )
+        self._load_many_locked = self._load_many.with_for_update()
+        # The batch's rows in msg_id order, locked: two batches lock rows they share in
+        # the same order, so they wait for each other instead of deadlocking.
+        self._versions = (
+            sa.select(msg.c.msg_id, msg.c.version)
+            .where(msg.c.msg_id.in_(bp("ids", expanding=True)))
+            .order_by(msg.c.msg_id)
+            .with_for_update()
+        )
+        self._set_ref = (
+            msg.update().where(msg.c.msg_id == bp("b_msg_id")).values(native_ref=bp("b_ref"))
+        )
+        pl = t.payloads
+        self._retained = sa.select(pl.c.msg_id, pl.c.body, pl.c.headers).where(
+            pl.c.msg_id.in_(bp("ids", expanding=True))
+        )
         self._cas = (
             msg.update()
             .where(msg.c.msg_id == bp("b_msg_id"), msg.c.version == bp("b_expected"))
@@ -450,64 +480,123 @@ class SqlStore(AvailableQueries):
                     self._insert(conn, creates)
                 members: list[dict[str, Any]] = []
                 for change in updates:
-                    rec = change.record
-                    result = conn.execute(
-                        self._cas,
-                        {
-                            "b_msg_id": rec.msg_id,
-                            "b_expected": change.expected_version,
-                            "b_pub": rec.publisher_state,
-                            "b_withdrawn": int(rec.withdrawn),
-                            "b_updated": rec.updated_at,
-                            "b_lock_id": rec.lock_id,
-                            "b_lock_owner": rec.lock_owner,
-                            "b_lock_until": rec.lock_until,
-                            "b_version": rec.version,
-                            "b_due": rec.due_at(),
-                        },
-                    )
+                    result = conn.execute(self._cas, _cas_row(change))
                     if result.rowcount != 1:
-                        raise StaleRecord(rec.msg_id)
-                    for name in sorted(change.dirty):
-                        m = rec.members[name]
-                        members.append(
-                            {
-                                "b_msg_id": rec.msg_id,
-                                "b_sub": name,
-                                "b_state": m.state,
-                                "b_outcome": m.outcome,
-                                "b_attempt": m.attempt,
-                                "b_token": m.lease_token,
-                                "b_owner": m.lease_owner,
-                                "b_until": m.lease_until,
-                                "b_not_before": m.not_before,
-                                "b_reason": m.reason,
-                                "b_updated": m.updated_at,
-                            }
-                        )
+                        raise StaleRecord(change.msg_id)
+                    members += _member_rows(change)
                 if members:
                     conn.execute(self._member_update, members)
-                journal = [
-                    {
-                        "msg_id": e.msg_id,
-                        "queue": e.queue,
-                        "actor": e.actor,
-                        "actor_kind": e.actor_kind.value,
-                        "src": e.src,
-                        "dst": e.dst,
-                        "at": e.at,
-                        "attempt": e.attempt,
-                        "detail": e.detail,
-                    }
-                    for c in changes
-                    for e in c.journal
-                ]
-                if journal:
-                    conn.execute(self.tables.journal.insert(), journal)
+                self._append_journal(conn, changes)
         except sa.exc.IntegrityError:
             raise StaleRecord(creates[0].msg_id if creates else changes[0].msg_id) from None
         except sa.exc.SQLAlchemyError as exc:
             raise self._translate(exc, changes[0].msg_id) from None
+
+    def commit_each(self, changes: Sequence[Change]) -> list[bool]:
+        """Persist, in one transaction, every change whose compare-and-set holds (a new
+        message: whose msg_id is not taken); skip the others, and later changes of a
+        message already in the batch. One flag per change: applied or not.
+
+        The batch's message rows are read and locked with one ``SELECT ... FOR UPDATE``;
+        the changes whose version matches are written with one statement per table. A
+        transaction the database rolls back (a deadlock) is tried again, twice at most;
+        inside an enclosing transaction that is lost too, ConcurrentUpdate is raised.
+        """
+        if not changes:
+            return []
+        seqs = [c.record.seq for c in changes]
+        for _ in range(_EACH_ATTEMPTS):
+            for change, seq in zip(changes, seqs, strict=True):
+                change.record.seq = seq  # as it was before a try that was rolled back
+            try:
+                with self._writing(savepoint=True) as conn:
+                    return self._commit_each(conn, changes)
+            except StaleRecord:
+                pass  # rows changed under the lock (not expected): all was rolled back
+            except sa.exc.SQLAlchemyError as exc:
+                err = self._translate(exc, changes[0].msg_id)
+                if not isinstance(err, StaleRecord):
+                    raise err from None
+        raise ConcurrentUpdate(changes[0].msg_id, _EACH_ATTEMPTS)
+
+    def _commit_each(self, conn: Connection, changes: Sequence[Change]) -> list[bool]:
+        first: dict[str, int] = {}
+        for i, change in enumerate(changes):
+            first.setdefault(change.msg_id, i)
+        ids = sorted(first)
+        stored: dict[str, int] = {}
+        for i in range(0, len(ids), _CHUNK):
+            for mid, version in conn.execute(self._versions, {"ids": ids[i : i + _CHUNK]}):
+                stored[mid] = int(version)
+        applied = [False] * len(changes)
+        creates: list[int] = []
+        updates: list[int] = []
+        for i in sorted(first.values()):  # batch order: new messages get seqs in it
+            change = changes[i]
+            if change.created:
+                if change.msg_id not in stored:
+                    creates.append(i)
+            elif stored.get(change.msg_id) == change.expected_version:
+                updates.append(i)
+        for i in self._insert_absent(conn, [changes[i] for i in creates], creates):
+            applied[i] = True
+        if updates:
+            # The rows are locked at the versions read, so every update matches.
+            result = conn.execute(self._cas, [_cas_row(changes[i]) for i in updates])
+            if conn.dialect.supports_sane_multi_rowcount and result.rowcount != len(updates):
+                raise StaleRecord(changes[updates[0]].msg_id)
+            members = [row for i in updates for row in _member_rows(changes[i])]
+            if members:
+                conn.execute(self._member_update, members)
+            for i in updates:
+                applied[i] = True
+        self._append_journal(conn, [c for c, ok in zip(changes, applied, strict=True) if ok])
+        return applied
+
+    def _insert_absent(
+        self, conn: Connection, creates: list[Change], where: list[int]
+    ) -> list[int]:
+        """Insert new messages not in the table when it was read; return the positions
+        (``where``) of those inserted. A concurrent put of one of them (not visible to
+        the read) makes the batch insert fail in its savepoint; then they go one by one,
+        each in a savepoint, and the taken ones are left out."""
+        if not creates:
+            return []
+        try:
+            with conn.begin_nested():
+                self._insert(conn, creates)
+            return where
+        except sa.exc.IntegrityError:
+            pass
+        done: list[int] = []
+        for change, i in zip(creates, where, strict=True):
+            try:
+                with conn.begin_nested():
+                    self._insert(conn, [change])
+            except sa.exc.IntegrityError:
+                change.record.seq = None  # in case it was set before the failure
+                continue
+            done.append(i)
+        return done
+
+    def _append_journal(self, conn: Connection, changes: Sequence[Change]) -> None:
+        journal = [
+            {
+                "msg_id": e.msg_id,
+                "queue": e.queue,
+                "actor": e.actor,
+                "actor_kind": e.actor_kind.value,
+                "src": e.src,
+                "dst": e.dst,
+                "at": e.at,
+                "attempt": e.attempt,
+                "detail": e.detail,
+            }
+            for c in changes
+            for e in c.journal
+        ]
+        if journal:
+            conn.execute(self.tables.journal.insert(), journal)
 
     def _insert(self, conn: Connection, creates: list[Change]) -> None:
         rows = [_message_row(c.record) for c in creates]
@@ -551,6 +640,17 @@ class SqlStore(AvailableQueries):
                     }
                 )
         conn.execute(self.tables.members.insert(), members)
+        payloads = [
+            {
+                "msg_id": c.msg_id,
+                "body": bytes(c.retain.body),
+                "headers": encode(dict(c.retain.headers)),
+            }
+            for c in creates
+            if c.retain is not None
+        ]
+        if payloads:
+            conn.execute(self.tables.payloads.insert(), payloads)
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -567,6 +667,51 @@ class SqlStore(AvailableQueries):
         if not rows:
             raise MessageNotFound(msg_id)
         return _record(rows)
+
+    def load_many(self, msg_ids: Sequence[str]) -> dict[str, MessageRecord]:
+        """The current records of the known ones of ``msg_ids``, by msg_id (locked for
+        update on a joined connection)."""
+        stmt = self._load_many_locked if getattr(self._local, "external", False) else None
+        ids = list(dict.fromkeys(msg_ids))
+        out: dict[str, MessageRecord] = {}
+        try:
+            with self._reading() as conn:
+                for i in range(0, len(ids), _CHUNK):
+                    rows = conn.execute(
+                        stmt if stmt is not None else self._load_many, {"ids": ids[i : i + _CHUNK]}
+                    ).all()
+                    for mid, group in itertools.groupby(rows, key=lambda r: r[1]):
+                        out[mid] = _record(list(group))
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._unavailable(exc) from None
+        return out
+
+    def retained(self, msg_ids: Sequence[str]) -> dict[str, Retained]:
+        """The retained payload copies of those of ``msg_ids`` that have one."""
+        ids = list(dict.fromkeys(msg_ids))
+        out: dict[str, Retained] = {}
+        try:
+            with self._reading() as conn:
+                for i in range(0, len(ids), _CHUNK):
+                    for mid, body, headers in conn.execute(
+                        self._retained, {"ids": ids[i : i + _CHUNK]}
+                    ):
+                        out[mid] = Retained(bytes(body), json.loads(headers))
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._unavailable(exc) from None
+        return out
+
+    def set_native_refs(self, refs: Sequence[tuple[str, str]]) -> None:
+        """Record where several payloads live, in one transaction (one statement);
+        unknown ids are skipped."""
+        if not refs:
+            return
+        rows = [{"b_msg_id": msg_id, "b_ref": ref} for msg_id, ref in refs]
+        try:
+            with self._writing(savepoint=len(rows) > 1) as conn:
+                conn.execute(self._set_ref, rows)
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._unavailable(exc) from None
 
     def set_native_ref(self, msg_id: str, native_ref: str) -> None:
         """Record where the payload lives (not a state change: the version stays)."""
@@ -704,7 +849,7 @@ class SqlStore(AvailableQueries):
 
     def purge(self, queue: str, before: int, limit: int = 1000) -> list[PurgedMessage]:
         """Delete journalled messages last changed before ``before``; keep the journal."""
-        msg, mem = self.tables.messages, self.tables.members
+        msg, mem, pl = self.tables.messages, self.tables.members, self.tables.payloads
         stmt = (
             sa.select(msg.c.seq, msg.c.msg_id, msg.c.native_ref)
             .where(
@@ -721,6 +866,7 @@ class SqlStore(AvailableQueries):
                 for i in range(0, len(rows), _CHUNK):
                     ids = [r[1] for r in rows[i : i + _CHUNK]]
                     conn.execute(mem.delete().where(mem.c.msg_id.in_(ids)))
+                    conn.execute(pl.delete().where(pl.c.msg_id.in_(ids)))
                     conn.execute(msg.delete().where(msg.c.msg_id.in_(ids)))
         except sa.exc.SQLAlchemyError as exc:
             raise self._unavailable(exc) from None
@@ -840,6 +986,47 @@ def _retryable(exc: sa.exc.SQLAlchemyError) -> bool:
         return True
     args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
     return bool(args) and args[0] in _RETRYABLE_MYSQL
+
+
+def _cas_row(change: Change) -> dict[str, Any]:
+    """The parameters of the compare-and-set update of a change's message row."""
+    rec = change.record
+    return {
+        "b_msg_id": rec.msg_id,
+        "b_expected": change.expected_version,
+        "b_pub": rec.publisher_state,
+        "b_withdrawn": int(rec.withdrawn),
+        "b_updated": rec.updated_at,
+        "b_lock_id": rec.lock_id,
+        "b_lock_owner": rec.lock_owner,
+        "b_lock_until": rec.lock_until,
+        "b_version": rec.version,
+        "b_due": rec.due_at(),
+    }
+
+
+def _member_rows(change: Change) -> list[dict[str, Any]]:
+    """The parameters of the updates of the member rows a change moved."""
+    rec = change.record
+    rows = []
+    for name in sorted(change.dirty):
+        m = rec.members[name]
+        rows.append(
+            {
+                "b_msg_id": rec.msg_id,
+                "b_sub": name,
+                "b_state": m.state,
+                "b_outcome": m.outcome,
+                "b_attempt": m.attempt,
+                "b_token": m.lease_token,
+                "b_owner": m.lease_owner,
+                "b_until": m.lease_until,
+                "b_not_before": m.not_before,
+                "b_reason": m.reason,
+                "b_updated": m.updated_at,
+            }
+        )
+    return rows
 
 
 def _message_row(rec: MessageRecord) -> dict[str, Any]:

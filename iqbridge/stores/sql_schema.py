@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.mysql import MEDIUMTEXT
+from sqlalchemy.dialects.mysql import LONGBLOB, MEDIUMTEXT
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from iqbridge.errors import ConfigurationError, IndexUnavailable
@@ -42,7 +42,8 @@ __all__ = [
 ]
 
 #: The table layout this code writes; older layouts are migrated on first use.
-SCHEMA_VERSION = 1
+#: 2: the ``payloads`` table (retained payload copies).
+SCHEMA_VERSION = 2
 
 #: index URL scheme -> SQLAlchemy driver name and the extra that installs the driver
 _DRIVERS: dict[str, tuple[str, str]] = {
@@ -212,6 +213,7 @@ class Tables:
     messages: sa.Table
     members: sa.Table
     journal: sa.Table
+    payloads: sa.Table
 
 
 def make_tables(prefix: str, schema: str | None) -> Tables:
@@ -338,13 +340,30 @@ def make_tables(prefix: str, schema: str | None) -> Tables:
         **opts,
     )
     sa.Index(name("journal_msg"), journal.c.msg_id, journal.c.seq)
-    return Tables(md, meta, queues, messages, members, journal)
+    # Retained payload copies (Change.retain), written with the message row, purged with it.
+    # LONGBLOB on MySQL/MariaDB: a plain BLOB holds 64 KiB, a MEDIUMBLOB 16 MiB.
+    payloads = sa.Table(
+        name("payloads"),
+        md,
+        sa.Column("msg_id", sa.String(128), primary_key=True),
+        sa.Column(
+            "body", sa.LargeBinary().with_variant(LONGBLOB(), "mysql", "mariadb"), nullable=False
+        ),
+        sa.Column("headers", long_text, nullable=False),
+        **opts,
+    )
+    return Tables(md, meta, queues, messages, members, journal, payloads)
 
 
 # --- creation and migration -------------------------------------------------------------
 
+
+def _add_payloads(conn: Connection, tables: Tables) -> None:
+    tables.payloads.create(conn, checkfirst=True)
+
+
 #: version -> the step that upgrades a schema of that version to the next one.
-_MIGRATIONS: dict[int, Callable[[Connection, Tables], None]] = {}
+_MIGRATIONS: dict[int, Callable[[Connection, Tables], None]] = {1: _add_payloads}
 
 _CREATE_ATTEMPTS = 6
 
