@@ -47,7 +47,9 @@ from iqbridge.testing.contract_base import (
     take,
     unique,
 )
+from iqbridge.testing.contract_batches import BatchTests
 from iqbridge.testing.contract_features import FeatureTests
+from iqbridge.testing.contract_retention import RetentionTests
 from iqbridge.testing.contract_states import StateModelTests
 
 __all__ = [
@@ -64,7 +66,7 @@ __all__ = [
 ]
 
 
-class AdapterContract(StateModelTests, FeatureTests):
+class AdapterContract(StateModelTests, FeatureTests, BatchTests, RetentionTests):
     """Facade-level behaviour every adapter shares; see the module docstring to subclass.
 
     The tests live in groups, one module each: :mod:`~iqbridge.testing.contract_states`

@@ -256,6 +256,8 @@ class StateModelTests(ContractBase):
             q.reveal(msg_id, to="stranger")
 
     def test_lost_payload_makes_the_member_unusable(self, hub: Hub, q: Queue) -> None:
+        if q.retain:
+            pytest.skip("the queue keeps a copy of every payload (contract_retention)")
         msg_id = q.put(b"x", to=["a"])
         take(q, "a").release()
         ref = hub.store.load(msg_id).native_ref

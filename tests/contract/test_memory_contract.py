@@ -28,6 +28,17 @@ class TestMemoryAdapter(AdapterContract):
         adapter.inject(queue.name, member.pool or subscriber, rec.native_ref)
 
 
+class TestForgetfulMemoryAdapter(TestMemoryAdapter):
+    """The memory broker in the mode that forgets an entry once acknowledged and reads
+    nothing by reference, as RabbitMQ and IBM MQ: the whole contract holds through the
+    facade's retained copies."""
+
+    def make_hub(self, clock: Callable[[], float]) -> iqbridge.Hub:
+        hub = iqbridge.connect("memory://?forget=true", clock=clock)
+        assert hub.adapter.capabilities.forgets
+        return hub
+
+
 class TestMemoryStore(IndexStoreContract):
     def make_store(self) -> MemoryStore:
         return MemoryStore()
