@@ -16,10 +16,11 @@ blocking ``get(timeout=...)`` never stalls the loop::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
+from iqbridge.batch import Batch, Settled
 from iqbridge.delivery import Delivery
 from iqbridge.hub import DEFAULT_URL, Hub
 from iqbridge.hub import connect as _connect
@@ -28,7 +29,7 @@ from iqbridge.queue import Browse, Queue
 from iqbridge.states import SubscriberState
 from iqbridge.stores.base import IndexStore
 
-__all__ = ["AsyncDelivery", "AsyncHub", "AsyncQueue", "connect"]
+__all__ = ["AsyncBatch", "AsyncDelivery", "AsyncHub", "AsyncQueue", "connect"]
 
 
 async def connect(
@@ -89,6 +90,11 @@ class AsyncQueue:
         """See :meth:`Queue.get`; waits off the loop."""
         delivery = await asyncio.to_thread(self.sync.get, subscriber, **options)
         return AsyncDelivery(delivery) if delivery is not None else None
+
+    async def get_many(self, subscriber: str, max: int, **options: Any) -> AsyncBatch:
+        """See :meth:`Queue.get_many`; waits off the loop."""
+        batch = await asyncio.to_thread(self.sync.get_many, subscriber, max, **options)
+        return AsyncBatch(batch)
 
     async def confirm_put(self, msg_id: str) -> None:
         """See :meth:`Queue.confirm_put`."""
@@ -190,3 +196,71 @@ class AsyncDelivery:
         tb: TracebackType | None,
     ) -> None:
         await asyncio.to_thread(self.sync.__exit__, exc_type, exc, tb)
+
+
+class AsyncBatch:
+    """An asyncio view of a :class:`~iqbridge.batch.Batch`: a sequence of
+    :class:`AsyncDelivery`; recording an outcome is plain (no I/O), settling is awaited.
+
+    As an async context manager it behaves like the sync one: every delivery IN_PROCESS
+    on entry, :meth:`done` on a clean exit, the retry policy on an exception.
+    """
+
+    def __init__(self, batch: Batch) -> None:
+        self.sync = batch
+        self._views = [AsyncDelivery(d) for d in batch]
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __iter__(self) -> Iterator[AsyncDelivery]:
+        return iter(self._views)
+
+    def __getitem__(self, index: int) -> AsyncDelivery:
+        return self._views[index]
+
+    def __bool__(self) -> bool:
+        return bool(self._views)
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """The msg_ids of the batch, in delivery order."""
+        return self.sync.msg_ids
+
+    def unusable(self, delivery: AsyncDelivery | Delivery, reason: str) -> None:
+        """See :meth:`Batch.unusable`."""
+        self.sync.unusable(_sync(delivery), reason)
+
+    def release(
+        self, delivery: AsyncDelivery | Delivery, delay: float = 0.0, reason: str = "released"
+    ) -> None:
+        """See :meth:`Batch.release`."""
+        self.sync.release(_sync(delivery), delay, reason)
+
+    async def done(self, transaction: object = None) -> Settled:
+        """See :meth:`Batch.done`."""
+        return await asyncio.to_thread(self.sync.done, transaction)
+
+    async def in_process(self) -> None:
+        """See :meth:`Batch.in_process`."""
+        await asyncio.to_thread(self.sync.in_process)
+
+    async def renew(self, lease: float | None = None) -> Settled:
+        """See :meth:`Batch.renew`."""
+        return await asyncio.to_thread(self.sync.renew, lease)
+
+    async def __aenter__(self) -> AsyncBatch:
+        await self.in_process()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self.sync.__exit__, exc_type, exc, tb)
+
+
+def _sync(delivery: AsyncDelivery | Delivery) -> Delivery:
+    return delivery.sync if isinstance(delivery, AsyncDelivery) else delivery
