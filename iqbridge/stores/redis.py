@@ -17,15 +17,19 @@ Every transition is one Lua script (``stores/lua/commit.lua``, run by EVALSHA): 
 checks the record's version (compare-and-set), rewrites the record, moves it between
 its secondary indexes (claim order per subscriber, due time, correlation id, lock id,
 publisher state, queue in put order) and appends the change's journal entries to a
-stream, all or nothing. :meth:`RedisStore.commit_many` sends a whole batch in one call.
+stream, all or nothing. :meth:`RedisStore.commit_many` sends a whole batch in one call;
+:meth:`RedisStore.commit_each` too, writing the changes whose compare-and-set holds and
+skipping the others. A new message's retained payload copy (``Change.retain``) is
+written by the same script, in the hash ``b:<msg_id>``.
 Redis has no interactive transactions, so :meth:`RedisStore.atomic` is a no-op and
 compare-and-set alone keeps writers apart. Every key of one index shares a hash tag,
 so the scripts run on Redis Cluster too (the whole index then lives on one shard).
 
 A call that loses its connection is retried; a commit whose reply was lost is
 recognised by the write id it leaves on the record (or, once another writer replaced
-that, by its journal entries in the record's history), and is never applied twice. The
-key layout is described in docs/index-stores.md (section Redis).
+that, by its journal entries in the record's history), and is never applied twice; a
+``commit_each`` leaves its reply under ``done:<write id>`` for a while instead. The key
+layout is described in docs/index-stores.md (section Redis).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.client import NEVER_DECODE
 from redis.commands.core import Script
 from redis.exceptions import AuthenticationError, NoScriptError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -67,6 +72,7 @@ from iqbridge.model import (
     JournalEntry,
     MessageRecord,
     MessageSummary,
+    Retained,
     Subscriptions,
 )
 from iqbridge.states import PublisherState, SubscriberState
@@ -248,6 +254,14 @@ def _pack(args: Sequence[str | bytes | int]) -> bytes:
         return "".join(text).encode()
     done.append("".join(text).encode())
     return b"".join(done)
+
+
+def _retain_args(change: Change) -> list[Any]:
+    """commit.lua's values for a new message's retained payload copy (none otherwise)."""
+    kept = change.retain
+    if kept is None or not change.created:
+        return [0]
+    return [2, bytes(kept.body), encode(dict(kept.headers))]
 
 
 def _bulk(arg: object) -> bytes:
@@ -452,6 +466,48 @@ class RedisStore:
         """
         return self._commit_batch(changes, stream, entries)
 
+    def commit_each(self, changes: Sequence[Change]) -> list[bool]:
+        """Persist, in one script call, every change whose compare-and-set holds (a new
+        message: whose msg_id is not taken); skip the others, and later changes of a
+        message already in the batch. One flag per change: applied or not.
+
+        The script keeps its reply under ``done:<write id>`` for a while, so a retry
+        after a lost reply reads what was applied instead of committing again; when the
+        reply is not there, the script never ran and runs again.
+        """
+        if not changes:
+            return []
+        write_id = new_token()
+        args: list[Any] = [self.keyspace, write_id, "each", self._done_ttl(), len(changes)]
+        for change in changes:
+            args += self._change_args(change)
+        done_key = f"{self.keyspace}done:{write_id}"
+        tried = False
+
+        def attempt() -> Any:
+            nonlocal tried
+            if tried:
+                kept = self._r.get(done_key)
+                if kept is not None:
+                    return ["ok", *kept.split(",")]
+            tried = True
+            return self._direct.run(self._commit, [self._seq_key], args)
+
+        result = self._call(attempt)
+        applied: list[bool] = []
+        for change, seq in zip(changes, result[1 : 1 + len(changes)], strict=True):
+            ok = int(seq) > 0
+            if ok and change.created:
+                change.record.seq = int(seq)
+            applied.append(ok)
+        return applied
+
+    def _done_ttl(self) -> int:
+        """Seconds to keep a commit_each reply: longer than a call's retries can last."""
+        if self.retry_for is None:
+            return 120
+        return max(120, int(self.retry_for) + 60)
+
     def _commit_batch(
         self,
         changes: Sequence[Change],
@@ -464,7 +520,7 @@ class RedisStore:
         keys = [self._seq_key] if stream is None else [self._seq_key, stream]
         if stream is not None and len(entries) != len(changes):
             raise ValueError(f"{len(entries)} broker entries for {len(changes)} changes")
-        args: list[Any] = [self.keyspace, write_id, len(changes)]
+        args: list[Any] = [self.keyspace, write_id, "all", 0, len(changes)]
         for i, change in enumerate(changes):
             args += self._change_args(change, entries[i] if stream is not None else ())
         tried = False
@@ -556,7 +612,8 @@ class RedisStore:
     def _change_args(self, change: Change, entry: Sequence[bytes | str] = ()) -> list[Any]:
         """A change as the positional values stores/lua/commit.lua reads: what to write
         and, from the record the change started from, which index entries and fields to
-        add or take away; with a co-located put, the broker entry's field/value values."""
+        add or take away; with a co-located put, the broker entry's field/value values;
+        for a new message, its retained payload copy."""
         rec = change.record
         by_seq, by_claim, due, opt = self._layout(rec)
         before = None if change.created else change.before
@@ -616,6 +673,7 @@ class RedisStore:
             *journal,
             len(entry),
             *entry,
+            *_retain_args(change),
         ]
 
     def set_native_ref(self, msg_id: str, native_ref: str) -> None:
@@ -626,6 +684,15 @@ class RedisStore:
         if not found:
             raise MessageNotFound(msg_id)
 
+    def set_native_refs(self, refs: Sequence[tuple[str, str]]) -> None:
+        """Record where several payloads live, in one script call; unknown ids are
+        skipped."""
+        if not refs:
+            return
+        keys = [self._record_key(msg_id) for msg_id, _ in refs]
+        args = [ref for _, ref in refs]
+        self._call(lambda: self._native_ref(keys=keys, args=args))
+
     # --- reads -------------------------------------------------------------------------
 
     def load(self, msg_id: str) -> MessageRecord:
@@ -635,6 +702,49 @@ class RedisStore:
         if v is None:
             raise MessageNotFound(msg_id)
         return record_from_json(msg_id, r, version=int(v), seq=int(s), native_ref=n)
+
+    def load_many(self, msg_ids: Sequence[str]) -> dict[str, MessageRecord]:
+        """The current records of the known ones of ``msg_ids``, by msg_id (one
+        pipelined round trip)."""
+        ids = list(dict.fromkeys(msg_ids))
+        if not ids:
+            return {}
+
+        def read() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            for msg_id in ids:
+                pipe.hmget(self._record_key(msg_id), "v", "s", "n", "r")
+            rows: list[Any] = pipe.execute()
+            return rows
+
+        out: dict[str, MessageRecord] = {}
+        for msg_id, (v, s, n, r) in zip(ids, self._call(read), strict=True):
+            if v is not None:
+                out[msg_id] = record_from_json(msg_id, r, version=int(v), seq=int(s), native_ref=n)
+        return out
+
+    def retained(self, msg_ids: Sequence[str]) -> dict[str, Retained]:
+        """The retained payload copies of those of ``msg_ids`` that have one (one
+        pipelined round trip; bodies as the bytes they were put with)."""
+        ids = list(dict.fromkeys(msg_ids))
+        if not ids:
+            return {}
+
+        def read() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            for msg_id in ids:
+                # NEVER_DECODE: this client decodes replies as UTF-8; bodies are bytes.
+                pipe.execute_command(
+                    "HMGET", f"{self.keyspace}b:{msg_id}", "b", "h", **{NEVER_DECODE: True}
+                )
+            rows: list[Any] = pipe.execute()
+            return rows
+
+        out: dict[str, Retained] = {}
+        for msg_id, (body, headers) in zip(ids, self._call(read), strict=True):
+            if body is not None:
+                out[msg_id] = Retained(bytes(body), json.loads(headers or b"{}"))
+        return out
 
     def claimable(
         self, queue: str, subscriber: str, now: int, limit: int, lock_id: str | None = None

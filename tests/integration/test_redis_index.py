@@ -3,8 +3,12 @@
 * An unreachable server is an IndexUnavailable that names the URL without its password.
 * A commit or purge whose reply is lost (the connection drops after Redis ran the script)
   is recognised on the retry, not applied twice and not reported as a lost race; one whose
-  request is lost is applied by the retry.
-* Purge leaves no index entry behind; every key of an index carries its hash tag.
+  request is lost is applied by the retry. The same for a commit_each: the retry reports
+  exactly which of its changes applied.
+* A put through Redis Streams on the index's server keeps the retained payload copy in
+  the same script as the record and the entry.
+* Purge leaves no index entry (and no retained copy) behind; every key of an index
+  carries its hash tag.
 * A put through a broker apart from the index is not declared unusable while its
   payload's reference is still on its way to the index.
 
@@ -28,11 +32,12 @@ import iqbridge
 from iqbridge import engine
 from iqbridge.errors import ConfigurationError, IndexUnavailable
 from iqbridge.ids import new_id, new_token
-from iqbridge.model import Audience, Filter, Pool
+from iqbridge.model import Audience, Filter, Pool, Retained
 from iqbridge.states import SubscriberState
+from iqbridge.stores.base import StaleRecord
 from iqbridge.stores.redis import RedisStore
 from iqbridge.testing import FakeClock
-from tests.redis_index_helpers import REDIS_URL, fresh_prefix
+from tests.redis_index_helpers import REDIS_URL, drop_streams, fresh_prefix
 
 pytestmark = pytest.mark.redis
 
@@ -206,6 +211,115 @@ def test_a_commit_whose_reply_or_request_is_lost_applies_exactly_once(
     assert len(store.journal(0, 100_000)) == journal_before + len(claim.journal)
 
 
+@pytest.mark.parametrize("lose", ["reply", "request"])
+def test_a_commit_each_whose_reply_or_request_is_lost_reports_what_applied_once(
+    redis_prefix: str, store: RedisStore, proxy: DroppingProxy, lose: str
+) -> None:
+    """The retry reads the reply the script kept (reply lost) or runs it again (request
+    lost): either way every flag is right, nothing applies twice, and a change without
+    journal entries (a lease renewal) is reported too."""
+    queue = "lost-each"
+    puts = [_new(queue, Audience(("a",))) for _ in range(4)]
+    store.commit_many(puts)
+    first, second, third, held = (p.msg_id for p in puts)
+    token = new_token()
+    store.commit(
+        engine.claim(store.load(held), "a", T0, token=token, owner="o", lease_until=T0 + 10)
+    )
+    recs = store.load_many([first, second, third, held])
+    # The second moves on (a browse lock taken and given back): its claim below is stale.
+    store.commit(engine.lock(store.load(second), "l", "o", T0, None))
+    store.commit(engine.unlock(store.load(second), "l", T0))
+
+    def claim(msg_id: str) -> engine.Change:
+        return engine.claim(
+            recs[msg_id], "a", T0 + 1, token=new_token(), owner="b", lease_until=None
+        )
+
+    fresh = _new(queue, Audience(("a",)))
+    fresh.retain = Retained(b"\xff\x00 kept", {"k": "v"})
+    batch = [
+        claim(first),
+        claim(second),  # stale
+        fresh,
+        _dup(first, queue),  # exists already
+        engine.renew(recs[held], "a", token, T0 + 1, T0 + 60_000_000),  # no journal entry
+        claim(third),
+    ]
+    journal_before = len(store.journal(0, 100_000))
+    second_before = store.load(second)
+    via = _proxied(redis_prefix, proxy)
+    try:
+        proxy.arm(b"EVALSHA", first.encode(), lose=lose)
+        flags = via.commit_each(batch)
+        assert proxy.dropped == 1
+    finally:
+        via.close()
+    assert flags == [True, False, True, False, True, True]
+    for change in (batch[0], batch[2], batch[4], batch[5]):
+        assert store.load(change.msg_id) == change.record
+    assert store.load(second) == second_before
+    assert fresh.record.seq == store.load(fresh.msg_id).seq
+    assert store.retained([fresh.msg_id, first]) == {fresh.msg_id: fresh.retain}
+    applied = [batch[0], batch[2], batch[5]]
+    assert len(store.journal(0, 100_000)) == journal_before + sum(len(c.journal) for c in applied)
+    assert store.claimable(queue, "a", T0 + 2, 10) == [second, fresh.msg_id]
+
+
+def _dup(msg_id: str, queue: str) -> engine.Change:
+    """A creation of a message that exists already (skipped by commit_each)."""
+    change = engine.new_message(
+        msg_id=msg_id, queue=queue, publisher="pub", audience=Audience(("z",)), now=T0
+    )
+    change.retain = Retained(b"not kept")
+    return change
+
+
+def test_a_colocated_put_keeps_the_retained_copy_with_the_record_and_the_entry(
+    redis_prefix: str, store: RedisStore
+) -> None:
+    """RedisStore.commit_with_entries (the Redis Streams put on the index's server)
+    writes the retained copy in the same script: all three appear, or none."""
+    stream = f"{{iq:{redis_prefix}}}:entries"
+    put = _new("colocated", Audience(("a",)))
+    put.retain = Retained(b"\x00\xfe body", {"k": "v"})
+    [ref] = store.commit_with_entries([put], stream, [["f", b"\x00\xfe body"]])
+    assert store.load(put.msg_id).native_ref == ref
+    assert store.retained([put.msg_id]) == {put.msg_id: put.retain}
+    again = _dup(put.msg_id, "colocated")
+    fresh = _new("colocated", Audience(("a",)))
+    fresh.retain = Retained(b"fresh")
+    with pytest.raises(StaleRecord):
+        store.commit_with_entries([fresh, again], stream, [["f", b"1"], ["f", b"2"]])
+    assert store.retained([put.msg_id, fresh.msg_id]) == {put.msg_id: put.retain}
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        assert client.xlen(stream) == 1
+    finally:
+        client.close()
+
+
+def test_a_put_through_redis_streams_with_retain_keeps_the_copy_in_the_index(
+    redis_prefix: str,
+) -> None:
+    """The facade's put on Redis Streams with the index on the same server (one script
+    for record, entry and copy): the copy is there, byte for byte, with its headers."""
+    body = b"\xff\xfe not UTF-8 \x00"
+    try:
+        with iqbridge.connect(
+            f"{REDIS_URL}?prefix={redis_prefix}&stream_prefix={redis_prefix}:"
+        ) as hub:
+            assert hub.colocated is not None
+            q = hub.queue("kept", retain=True)
+            msg_id = q.put(body, to=["a"], headers={"h": "ü"})
+            [copy] = hub.store.retained([msg_id]).values()
+            assert (copy.body, dict(copy.headers)) == (body, {"h": "ü"})
+            plain = hub.queue("plain", retain=False).put(body, to=["a"])
+            assert hub.store.retained([plain]) == {}
+    finally:
+        drop_streams(f"{redis_prefix}:")
+
+
 def test_a_purge_whose_reply_is_lost_reports_what_it_purged(
     redis_prefix: str, store: RedisStore, proxy: DroppingProxy
 ) -> None:
@@ -237,7 +351,9 @@ def test_purge_leaves_no_index_entry_and_every_key_has_the_hash_tag(
         correlation_id="corr/1",
         expires_at=T0 + 10_000_000,
     )
+    put.retain = Retained(b"kept until the purge", {"h": "v"})
     store.commit(put)
+    copy_key = f"{{iq:{redis_prefix}}}:b:{put.msg_id}"
     token = new_token()
     store.commit(engine.lock(store.load(put.msg_id), "lock-1", "browser", T0, T0 + 5_000_000))
     store.commit(
@@ -256,6 +372,7 @@ def test_purge_leaves_no_index_entry_and_every_key_has_the_hash_tag(
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         keys = set(client.scan_iter(match=f"*{redis_prefix}*", count=1000))
+        assert copy_key in keys
         assert keys and all(k.startswith(f"{{iq:{redis_prefix}}}:") for k in keys)
         assert [p.msg_id for p in store.purge(queue, T0 + 2)] == [put.msg_id]
         left = {
@@ -265,6 +382,7 @@ def test_purge_leaves_no_index_entry_and_every_key_has_the_hash_tag(
         }
         assert left == set()
         assert not client.exists(f"{{iq:{redis_prefix}}}:m:{put.msg_id}")
+        assert not client.exists(copy_key)
         assert client.xlen(f"{{iq:{redis_prefix}}}:journal") > 0  # the journal is kept
     finally:
         client.close()

@@ -1,12 +1,15 @@
--- Record where the broker keeps a message's payload (not a state change).
+-- Record where the broker keeps messages' payloads (not a state change).
 --
--- KEYS[1]  the message's record
--- ARGV[1]  the native reference
+-- KEYS     the messages' records
+-- ARGV     their native references, in the same order
 --
--- Returns 1, or 0 when there is no such message.
+-- Returns how many of the messages exist (and were written); unknown ones are skipped.
 
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return 0
+local found = 0
+for i, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('HSET', key, 'n', ARGV[i])
+    found = found + 1
+  end
 end
-redis.call('HSET', KEYS[1], 'n', ARGV[1])
-return 1
+return found

@@ -1,5 +1,6 @@
 -- Delete messages whose publisher is JOURNALLED since before a time, in put order,
--- with their index entries. The journal stream is kept.
+-- with their index entries and retained payload copies ("b:<id>"). The journal stream
+-- is kept.
 --
 -- KEYS[1]  the queue's index of publisher-JOURNALLED messages (ZSET, put order)
 -- ARGV     key prefix, before (microseconds), limit, request id
@@ -24,7 +25,7 @@ while #out < limit do
       for _, k in ipairs(cjson.decode(f[3] or '[]')) do
         redis.call('ZREM', k, id)
       end
-      redis.call('DEL', key)
+      redis.call('DEL', key, P .. 'b:' .. id)
       out[#out + 1] = {id, f[2] or ''}
       gone = gone + 1
       if #out >= limit then
