@@ -38,6 +38,7 @@ from iqbridge.model import (
     JournalEntry,
     MessageRecord,
     Pool,
+    Retained,
     Subscriptions,
     from_micros,
 )
@@ -115,6 +116,27 @@ class IndexStoreContract(abc.ABC):
             **fields,
         )
         store.commit(change)
+        return change
+
+    def new(
+        self,
+        queue: str,
+        *,
+        to: Sequence[str] = ("a",),
+        msg_id: str | None = None,
+        retain: Retained | None = None,
+        **fields: Any,
+    ) -> Change:
+        """A new message made by the engine (not committed), with ``retain`` set."""
+        change = engine.new_message(
+            msg_id=msg_id or new_id(),
+            queue=queue,
+            publisher=fields.pop("publisher", "pub"),
+            audience=Audience(tuple(to)),
+            now=fields.pop("now", T0),
+            **fields,
+        )
+        change.retain = retain
         return change
 
     def move(
@@ -632,6 +654,339 @@ class IndexStoreContract(abc.ABC):
         store.declare_queue(other)
         assert store.subscriptions(other) == Subscriptions()
         assert store.subscriptions(unique()) == Subscriptions()
+
+    # --- commit_each ---------------------------------------------------------------------
+
+    def test_commit_each_applies_current_changes_and_skips_stale_ones(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        first, second, third = (self.put(store, queue).msg_id for _ in range(3))
+        stale_rec = store.load(second)
+        # A browse lock taken and given back: the record moved on, still AVAILABLE.
+        self.move(store, second, lambda r: engine.lock(r, "l", "o", T0, None))
+        self.move(store, second, lambda r: engine.unlock(r, "l", T0))
+        moved_on = store.load(second)
+        after = self._last_seq(store)
+        history_before = store.history(second)
+
+        def claim(rec: MessageRecord) -> Change:
+            return engine.claim(
+                rec, "a", T0, token=new_token(), owner="batch", lease_until=T0 + 30 * SEC
+            )
+
+        changes = [claim(store.load(first)), claim(stale_rec), claim(store.load(third))]
+        assert store.commit_each(changes) == [True, False, True]
+
+        # The skipped change wrote nothing: record, history, journal, indexes.
+        assert store.load(second) == moved_on
+        assert store.history(second) == history_before
+        assert store.claimable(queue, "a", T0, 10) == [second]
+        assert [h.msg_id for h in store.search(queue, Filter(state=S.AVAILABLE))] == [second]
+        # The applied ones are fully visible.
+        for change in (changes[0], changes[2]):
+            assert store.load(change.msg_id) == change.record
+            assert without_seq(store.history(change.msg_id))[-len(change.journal) :] == (
+                without_seq(change.journal)
+            )
+        assert without_seq(store.journal(after, 100_000)) == without_seq(
+            changes[0].journal + changes[2].journal
+        )
+        assert [h.msg_id for h in store.search(queue, Filter(state=S.FETCHED))] == [first, third]
+        assert store.due(queue, T0 + 30 * SEC - 1, 10) == []
+        assert sorted(store.due(queue, T0 + 30 * SEC, 10)) == sorted([first, third])
+
+    def test_commit_each_skips_creations_of_existing_messages(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        existing = self.put(store, queue)
+        stored = store.load(existing.msg_id)
+        history_before = store.history(existing.msg_id)
+        after = self._last_seq(store)
+        twin = new_id()
+        changes = [
+            self.new(queue),
+            self.new(queue, msg_id=existing.msg_id, to=("z",), publisher="other"),
+            self.new(queue, msg_id=twin),
+            self.new(queue, msg_id=twin, to=("z",)),
+        ]
+        assert store.commit_each(changes) == [True, False, True, False]
+        assert store.load(existing.msg_id) == stored
+        assert store.history(existing.msg_id) == history_before
+        for change in (changes[0], changes[2]):
+            assert change.record.seq is not None
+            assert store.load(change.msg_id) == change.record
+        assert (changes[0].record.seq or 0) < (changes[2].record.seq or 0)
+        assert store.claimable(queue, "a", T0, 10) == [existing.msg_id, changes[0].msg_id, twin]
+        assert store.claimable(queue, "z", T0, 10) == []
+        assert [h.msg_id for h in store.search(queue, Filter(publisher="other"))] == []
+        assert without_seq(store.journal(after, 100_000)) == without_seq(
+            changes[0].journal + changes[2].journal
+        )
+
+    @pytest.mark.parametrize("chained", [False, True])
+    def test_commit_each_applies_only_the_first_change_of_a_message(
+        self, store: IndexStore, queue: str, chained: bool
+    ) -> None:
+        msg_id = self.put(store, queue, to=("a", "b")).msg_id
+        rec = store.load(msg_id)
+        after = self._last_seq(store)
+        first = engine.claim(rec, "a", T0, token=new_token(), owner="one", lease_until=None)
+        # Chained: the second is computed from the first's result (its expected version
+        # is the one the first writes); otherwise both start from the stored record.
+        second = engine.claim(
+            first.record if chained else rec,
+            "b",
+            T0,
+            token=new_token(),
+            owner="two",
+            lease_until=None,
+        )
+        assert store.commit_each([first, second]) == [True, False]
+        assert store.load(msg_id) == first.record
+        assert store.claimable(queue, "b", T0, 10) == [msg_id]
+        assert without_seq(store.journal(after, 100_000)) == without_seq(first.journal)
+
+    def test_commit_each_of_a_stale_first_change_skips_the_second_too(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        msg_id = self.put(store, queue, to=("a", "b")).msg_id
+        old = store.load(msg_id)
+        self.claim(store, msg_id, "a")
+        current = store.load(msg_id)
+        stale = engine.claim(old, "b", T0, token=new_token(), owner="x", lease_until=None)
+        fresh = engine.claim(current, "b", T0, token=new_token(), owner="y", lease_until=None)
+        assert store.commit_each([stale, fresh]) == [False, False]
+        assert store.load(msg_id) == current
+
+    def test_commit_each_of_nothing_and_of_a_large_batch(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        assert store.commit_each([]) == []
+        puts = [self.new(queue, to=("a", "b")) for _ in range(300)]
+        assert store.commit_each(puts) == [True] * 300
+        seqs = [c.record.seq or 0 for c in puts]
+        assert seqs == sorted(seqs) and len(set(seqs)) == 300
+        recs = store.load_many([c.msg_id for c in puts])
+        claims = [
+            engine.claim(recs[c.msg_id], "a", T0, token=new_token(), owner="o", lease_until=None)
+            for c in puts
+        ]
+        taken = claims[::3]
+        store.commit_many(taken)
+        assert store.commit_each(claims) == [i % 3 != 0 for i in range(300)]
+        assert store.claimable(queue, "a", T0, 1000) == []
+        assert len(store.claimable(queue, "b", T0, 1000)) == 300
+        states = {m: r.members["a"].state for m, r in store.load_many(list(recs)).items()}
+        assert set(states.values()) == {S.FETCHED}
+
+    def test_concurrent_commit_each_batches_have_one_winner_per_message(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        members = [f"w{i}" for i in range(4)]
+        puts = [
+            engine.new_message(
+                msg_id=new_id(),
+                queue=queue,
+                publisher="pub",
+                audience=Audience((), (Pool("p", members),)),
+                now=T0,
+            )
+            for _ in range(40)
+        ]
+        store.commit_many(puts)
+        ids = [c.msg_id for c in puts]
+        barrier = threading.Barrier(len(members))
+        won: dict[str, list[str]] = {}
+        errors: list[BaseException] = []
+
+        def race(n: int, member: str) -> None:
+            try:
+                recs = store.load_many(ids)
+                # Half the batches in the opposite order: a store that locks rows in batch
+                # order would deadlock here.
+                order = ids if n % 2 else ids[::-1]
+                claims = [
+                    engine.claim(
+                        recs[i], member, T0, token=new_token(), owner=member, lease_until=None
+                    )
+                    for i in order
+                ]
+                barrier.wait(10)
+                flags = store.commit_each(claims)
+                won[member] = [c.msg_id for c, ok in zip(claims, flags, strict=True) if ok]
+            except BaseException as exc:  # surfaced by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=race, args=(n, m)) for n, m in enumerate(members)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors
+        assert sorted(m for w in won.values() for m in w) == sorted(ids)
+        for member, mine in won.items():
+            for rec in store.load_many(mine).values():
+                assert rec.members[member].state is S.FETCHED
+                states = [m.state for m in rec.members.values()]
+                assert states.count(S.JOURNALLED) == 3
+        journal = store.journal(0, 1_000_000)
+        claims = [e for e in journal if e.dst == "GET" and e.msg_id in set(ids)]
+        assert len(claims) == len(ids)
+
+    def test_commit_each_inside_atomic_keeps_the_enclosing_work(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        existing = self.put(store, queue)
+        old = store.load(existing.msg_id)
+        self.claim(store, existing.msg_id)
+        with store.atomic():
+            before = self.put(store, queue).msg_id
+            fresh = self.new(queue)
+            flags = store.commit_each(
+                [
+                    self.new(queue, msg_id=existing.msg_id),  # exists: skipped
+                    fresh,
+                    engine.claim(old, "a", T0, token=new_token(), owner="x", lease_until=None),
+                ]
+            )
+            # The enclosing transaction is still usable after the skipped ones.
+            later = self.put(store, queue).msg_id
+        assert flags == [False, True, False]
+        assert store.claimable(queue, "a", T0, 10) == [before, fresh.msg_id, later]
+        assert store.load(existing.msg_id).members["a"].state is S.FETCHED
+
+    # --- load_many and set_native_refs -----------------------------------------------------
+
+    def test_load_many_returns_the_known_records(self, store: IndexStore, queue: str) -> None:
+        one, two = self.put(store, queue, to=("a", "b")), self.put(store, queue)
+        self.claim(store, one.msg_id, "b")
+        found = store.load_many([two.msg_id, "no-such-message", one.msg_id, two.msg_id])
+        assert found == {one.msg_id: store.load(one.msg_id), two.msg_id: store.load(two.msg_id)}
+        assert found[one.msg_id].members["b"].state is S.FETCHED
+        found[two.msg_id].members["a"].state = S.DONE  # a copy
+        assert store.load(two.msg_id).members["a"].state is S.AVAILABLE
+        assert store.load_many([]) == {}
+        assert store.load_many(["no-such-message"]) == {}
+
+    def test_set_native_refs_records_each_and_skips_unknown_ids(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        one, two, three = (self.put(store, queue).msg_id for _ in range(3))
+        store.set_native_refs([(one, "ref-1"), ("no-such-message", "ref-x"), (two, "ref-2")])
+        store.set_native_refs([])
+        recs = store.load_many([one, two, three])
+        assert {m: (r.native_ref, r.version) for m, r in recs.items()} == {
+            one: ("ref-1", 1),
+            two: ("ref-2", 1),
+            three: (None, 1),
+        }
+        with pytest.raises(MessageNotFound):
+            store.load("no-such-message")
+        self.claim(store, one)
+        assert store.load(one).native_ref == "ref-1"
+
+    # --- retained payload copies -----------------------------------------------------------
+
+    @pytest.mark.parametrize("how", ["commit", "commit_many", "commit_each"])
+    def test_retained_copy_is_written_with_the_creation(
+        self, store: IndexStore, queue: str, how: str
+    ) -> None:
+        kept = Retained(b"payload \x00\xff", {"h1": "v1", "ключ": "значение ✓"})
+        change = self.new(queue, retain=kept, content_type="text/plain", size=11)
+        plain = self.new(queue)
+        if how == "commit":
+            store.commit(change)
+            store.commit(plain)
+        elif how == "commit_many":
+            store.commit_many([change, plain])
+        else:
+            assert store.commit_each([change, plain]) == [True, True]
+        assert store.retained([change.msg_id, plain.msg_id, "no-such-message"]) == {
+            change.msg_id: kept
+        }
+        assert store.load(change.msg_id) == change.record
+        self.claim(store, change.msg_id)  # later changes keep it
+        [copy] = store.retained([change.msg_id]).values()
+        assert (copy.body, dict(copy.headers)) == (kept.body, dict(kept.headers))
+        envelope = store.load(change.msg_id).envelope(copy)
+        assert (envelope.msg_id, envelope.body, envelope.content_type) == (
+            change.msg_id,
+            kept.body,
+            "text/plain",
+        )
+        assert store.retained([]) == {}
+
+    def test_no_retained_copy_after_a_failed_creation(self, store: IndexStore, queue: str) -> None:
+        existing = self.put(store, queue).msg_id
+        copy = Retained(b"not kept", {"h": "v"})
+        with pytest.raises(StaleRecord):
+            store.commit(self.new(queue, msg_id=existing, retain=copy))
+        with pytest.raises(StaleRecord):
+            store.commit_many([self.new(queue, msg_id=existing, retain=copy)])
+        assert store.commit_each([self.new(queue, msg_id=existing, retain=copy)]) == [False]
+        # All or nothing: a fresh message in a batch with a stale change is not kept either.
+        rec = store.load(existing)
+        self.claim(store, existing)
+        fresh = self.new(queue, retain=copy)
+        stale = engine.claim(rec, "a", T0, token=new_token(), owner="x", lease_until=None)
+        with pytest.raises(StaleRecord):
+            store.commit_many([fresh, stale])
+        assert store.retained([existing, fresh.msg_id]) == {}
+        # A duplicate creation within one commit_each keeps the first one's copy.
+        twin = new_id()
+        first, second = Retained(b"first"), Retained(b"second")
+        flags = store.commit_each(
+            [
+                self.new(queue, msg_id=twin, retain=first),
+                self.new(queue, msg_id=twin, retain=second),
+            ]
+        )
+        assert flags == [True, False]
+        assert store.retained([twin]) == {twin: first}
+
+    def test_retained_bodies_are_byte_exact(self, store: IndexStore, queue: str) -> None:
+        bodies = [
+            b"",
+            bytes(range(256)),
+            b"\xff\xfe\x80 not UTF-8 \xc3\x28 \x00",
+            "naïve café ✓".encode(),
+            bytes(range(256)) * 1024,  # 256 KiB
+        ]
+        headers: list[dict[str, str]] = [
+            {},
+            {"content-encoding": "gzip"},
+            {"a": "", "x-ünïcode": "✓ 日本", "quote": '"\\'},
+            {"k": "v"},
+            {},
+        ]
+        changes = [
+            self.new(queue, retain=Retained(b, h)) for b, h in zip(bodies, headers, strict=True)
+        ]
+        assert store.commit_each(changes) == [True] * len(changes)
+        found = store.retained([c.msg_id for c in changes])
+        for change, body, hdrs in zip(changes, bodies, headers, strict=True):
+            copy = found[change.msg_id]
+            assert type(copy.body) is bytes and copy.body == body
+            assert dict(copy.headers) == hdrs
+
+    def test_purge_removes_the_retained_copy_and_keeps_the_journal(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        gone, kept = (
+            self.new(queue, retain=Retained(b"gone")),
+            self.new(queue, retain=Retained(b"kept")),
+        )
+        store.commit_many([gone, kept])
+        self.move(store, gone.msg_id, lambda r: engine.withdraw(r, T0 + SEC))
+        journal_before = store.journal(0, 100_000)
+        assert [p.msg_id for p in store.purge(queue, T0 + 2 * SEC)] == [gone.msg_id]
+        assert store.retained([gone.msg_id, kept.msg_id]) == {kept.msg_id: Retained(b"kept")}
+        assert store.journal(0, 100_000) == journal_before
+        assert without_seq(store.history(kept.msg_id)) == without_seq(kept.journal)
+
+    def _last_seq(self, store: IndexStore) -> int:
+        everything = store.journal(0, 1_000_000)
+        return (everything[-1].seq or 0) if everything else 0
 
     # --- transactions --------------------------------------------------------------------
 
