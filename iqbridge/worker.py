@@ -1,15 +1,17 @@
 """An ordered parallel worker: many threads consume one queue, every key stays in order.
 
 Seed 004 (concurrent publishing with ordering): N threads share one input queue. One
-fetch mutex serialises the gets; the thread holding it calls
-``queue.get(subscriber, lease=...)`` and looks at the message's ordering key (by
-default its publisher):
+fetch mutex serialises the gets; the thread holding it claims a batch,
+``queue.get_many(subscriber, batch, lease=...)`` (one index commit for the whole
+batch), and looks at each message's ordering key (by default its publisher), in the
+order the batch was claimed:
 
-* if no other thread is processing that key, the thread marks the key busy, releases the
-  mutex and processes the message;
-* if the key is busy, the message is appended to that key's FIFO of waiting messages and
-  the thread goes back to fetching. No thread ever waits for a key while it holds the
-  mutex, so a slow key never stalls the others.
+* if no other thread is processing that key, the key is marked busy for that message:
+  the first such message is processed by the fetching thread once it releases the
+  mutex; the others wait in a ready queue, which idle threads serve before they fetch;
+* if the key is busy, the message is appended to that key's FIFO of waiting messages.
+  No thread ever waits for a key while it holds the mutex, so a slow key never stalls
+  the others.
 
 A thread that finishes a message of key K takes the next waiting message of K (still
 holding K), or marks K free and goes back to fetching. Messages of one key are therefore
@@ -141,7 +143,8 @@ class Worker:
 
     ``lease`` is the lease each get takes and each heartbeat renews (default: the
     queue's); ``poll`` is how long one get waits for a message, which also bounds how
-    quickly fetching notices a stop; ``max_held`` caps the messages held at once.
+    quickly fetching notices a stop; ``max_held`` caps the messages held at once;
+    ``batch`` is the most messages one fetch claims (fewer when the cap is near).
     See the module documentation for the ordering, retry, lease and stop semantics.
     A Worker runs once: after :meth:`stop` make a new one.
     """
@@ -157,6 +160,7 @@ class Worker:
         poll: float = 0.2,
         max_held: int = 10_000,
         name: str | None = None,
+        batch: int = 16,
     ) -> None:
         if threads < 1:
             raise InvalidArgument(f"threads must be at least 1, got {threads}")
@@ -166,6 +170,8 @@ class Worker:
             raise InvalidArgument(f"poll must be positive, got {poll}")
         if max_held < 1:
             raise InvalidArgument(f"max_held must be at least 1, got {max_held}")
+        if batch < 1:
+            raise InvalidArgument(f"batch must be at least 1, got {batch}")
         self.queue = queue
         self.subscriber = subscriber
         self.handler = handler
@@ -173,6 +179,7 @@ class Worker:
         self.lease = lease
         self.poll = poll
         self.max_held = max_held
+        self.batch = batch
         self.name = name or f"worker-{queue.name}-{subscriber}"
 
         self._fetch_mutex = threading.Lock()
@@ -181,6 +188,8 @@ class Worker:
         self._changed = threading.Condition(self._lock)
         #: A key is busy while it is in here; the deque holds its waiting messages.
         self._keys: dict[str, deque[_Held]] = {}
+        #: Messages of a batch whose key was free, taken for them: each waits for a thread.
+        self._ready: deque[_Held] = deque()
         self._held: set[_Held] = set()
         self._stopping = threading.Event()
         self._abandon = threading.Event()
@@ -347,46 +356,93 @@ class Worker:
 
     def _fetch(self) -> _Held | None:
         """Fetch until a message of a free key turns up (this thread then owns the key);
-        None when the worker stops fetching."""
-        while not self._stopping.is_set():
+        None when the worker stops fetching and nothing fetched waits to be started."""
+        while True:
+            ready = self._take_ready()
+            if ready is not None:
+                return ready
+            if self._stopping.is_set():
+                return None
             if not self._fetch_mutex.acquire(timeout=self.poll):
                 continue
             try:
-                while not self._stopping.is_set():
-                    with self._changed:
-                        if self._budget is not None and self._fetched >= self._budget:
-                            return None
-                        if len(self._held) >= self.max_held:
-                            self._changed.wait(self.poll)
-                            continue
-                    try:
-                        delivery = self.queue.get(
-                            self.subscriber, lease=self.lease, timeout=self.poll
-                        )
-                    except _TRANSIENT as exc:
-                        log.warning("%s: get failed (%s); retrying", self.name, exc)
-                        self._stopping.wait(self.poll)
-                        continue
-                    if delivery is None:
-                        continue
-                    held = _Held(delivery)
-                    with self._changed:
-                        self._fetched += 1
-                        self._last_activity = time.monotonic()
-                        self._held.add(held)
-                        self._changed.notify_all()
-                        if not self._abandon.is_set():
-                            waiting = self._keys.get(held.key)
-                            if waiting is None:
-                                self._keys[held.key] = deque()
-                                return held
-                            waiting.append(held)
-                            continue
-                    # Fetched just as a stop without draining began: give it back.
-                    self._give_back(held)
+                held, more = self._fetch_batch()
             finally:
                 self._fetch_mutex.release()
-        return None
+            if held is not None:
+                return held
+            if not more:  # the message budget is spent: start what is fetched, then end
+                return self._take_ready()
+
+    def _take_ready(self) -> _Held | None:
+        """A message fetched with a batch whose key was free: it waits for a thread.
+        Stopping without draining, such messages (and their keys' queues) are given back."""
+        while True:
+            with self._changed:
+                if not self._ready:
+                    return None
+                held = self._ready.popleft()
+                if not self._abandon.is_set():
+                    return held
+                rest = [held, *self._keys.pop(held.key, ())]
+            for item in rest:
+                self._give_back(item)
+
+    def _fetch_batch(self) -> tuple[_Held | None, bool]:
+        """Claim a batch (holding the fetch mutex) and hand its messages to their keys:
+        the first of a free key is returned (this thread owns the key), further ones of
+        free keys wait in the ready queue for other threads, those of busy keys join
+        their key's queue. The flag is False once the message budget is spent."""
+        while not self._stopping.is_set():
+            with self._changed:
+                if self._ready:
+                    return None, True  # serve what is fetched first
+                if self._budget is not None and self._fetched >= self._budget:
+                    return None, False
+                room = self.max_held - len(self._held)
+                if room <= 0:
+                    self._changed.wait(self.poll)
+                    continue
+                want = min(self.batch, room)
+                if self._budget is not None:
+                    want = min(want, self._budget - self._fetched)
+            try:
+                batch = self.queue.get_many(
+                    self.subscriber, want, lease=self.lease, timeout=self.poll
+                )
+            except _TRANSIENT as exc:
+                log.warning("%s: get failed (%s); retrying", self.name, exc)
+                self._stopping.wait(self.poll)
+                continue
+            if not batch:
+                continue
+            mine: _Held | None = None
+            back: list[_Held] = []
+            with self._changed:
+                for delivery in batch:
+                    held = _Held(delivery)
+                    self._fetched += 1
+                    self._held.add(held)
+                    if self._abandon.is_set():
+                        # Fetched just as a stop without draining began: give it back.
+                        back.append(held)
+                        continue
+                    waiting = self._keys.get(held.key)
+                    if waiting is not None:
+                        waiting.append(held)
+                        continue
+                    self._keys[held.key] = deque()
+                    if mine is None:
+                        mine = held
+                    else:
+                        self._ready.append(held)
+                self._last_activity = time.monotonic()
+                self._changed.notify_all()
+            for held in back:
+                self._give_back(held)
+            if mine is not None:
+                return mine, True
+        return None, True
 
     def _serve(self, held: _Held) -> None:
         """Process ``held`` and then every message that queues up behind it for its key."""
