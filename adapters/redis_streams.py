@@ -512,17 +512,23 @@ class RedisStreamsAdapter:
         min_idle: float | None,
         record_prefix: str,
     ) -> list[Received]:
-        """Entries read ahead first (the first group in order with any), else one script
-        call over the groups in order until one has entries; the rest is read ahead."""
+        """Entries read ahead first (the first group in order with any); if they are
+        fewer than ``count``, one script call over the groups in order until one has
+        entries for the rest; what it read beyond ``count`` is read ahead."""
         key = self.key(queue)
         for group in groups:
             self._ensure_group(key, group)
+        head: list[Received] = []
         with self._lock:
             for group in groups:
                 ahead = self._ahead.get((key, group, consumer))
                 if ahead:
-                    return [ahead.popleft() for _ in range(min(count, len(ahead)))]
+                    head = [ahead.popleft() for _ in range(min(count, len(ahead)))]
+                    break
+            if len(head) >= count:
+                return head
             acks = {g: self._acks.pop((key, g), []) for g in groups}
+        count -= len(head)
         idle_ms = 0
         if min_idle is not None:
             # XAUTOCLAIM walks the group's pending entries from the start: not on every
@@ -551,7 +557,7 @@ class RedisStreamsAdapter:
             with self._lock:
                 slot = (key, got[0].group, consumer)
                 self._ahead.setdefault(slot, deque()).extend(got[count:])
-        return got[:count]
+        return head + got[:count]
 
     def _row(self, key: str, groups: Sequence[str], row: Sequence[Any]) -> Received | None:
         """One row of the receive script as a :class:`Received` (None: the entry is gone)."""
