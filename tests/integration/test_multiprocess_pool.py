@@ -83,7 +83,10 @@ def test_four_processes_share_one_pool_exactly_once(tmp_path: Path) -> None:
     assert sum(len(got) for got in per_process.values()) == len(owner_of), "processes overlap"
     assert set(owner_of) == set(ids)
     counts = {name: len(got) for name, got in per_process.items()}
-    assert all(counts[m] > 0 for m in MEMBERS), f"not every process competed: {counts}"
+    # Real competition, or the test proves nothing. SQLite's write lock is not fair (a
+    # waiting process sleeps in its busy handler while the others take the lock again), so
+    # one process may go without for the whole run: at least two must have competed.
+    assert sum(1 for m in MEMBERS if counts[m] > 0) >= 2, f"no competition: {counts}"
     assert all(row[1] == 1 for r in reports.values() for row in r["processed"])
 
     active = max(r["last"] for r in reports.values()) - min(r["first"] for r in reports.values())
