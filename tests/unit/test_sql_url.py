@@ -87,6 +87,7 @@ def test_tables_are_named_by_prefix_in_their_schema() -> None:
         "iq.abc_members",
         "iq.abc_messages",
         "iq.abc_meta",
+        "iq.abc_payloads",
         "iq.abc_queues",
     ]
     names = {i.name for t in tables.metadata.sorted_tables for i in t.indexes}
