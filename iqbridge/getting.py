@@ -225,31 +225,35 @@ class Getting(Settling, Housekeeping):
             # happens once we hold the transaction, so stamp it and start its lease then.
             at = max(now, self._now())
             until = lease_until + (at - now) if lease_until is not None else None
-            recs = store.load_many(ids)
-            for msg_id in ids:
-                rec = recs.get(msg_id)
-                if rec is None or rec.queue != self.name:
-                    continue
-                token = new_token()
-                try:
-                    change = engine.claim(
-                        rec,
-                        subscriber,
-                        at,
-                        token=token,
-                        owner=owner,
-                        lease_until=until,
-                        lock_id=lock_id,
-                    )
-                except (IllegalTransition, LockedError):
-                    continue
-                if rec.native_ref is None and at - rec.created_at < self.lease * 1_000_000:
-                    # Put through the broker apart from the index (another store): the
-                    # payload's reference is recorded just after the record. Not yet.
-                    continue
-                claims.append((rec, change, token))
-                if len(claims) >= want:
-                    break
+            # Records are read as many at a time as claims are still wanted: the usual
+            # single get reads one.
+            pos = 0
+            while len(claims) < want and pos < len(ids):
+                chunk = ids[pos : pos + want - len(claims)]
+                pos += len(chunk)
+                recs = store.load_many(chunk)
+                for msg_id in chunk:
+                    rec = recs.get(msg_id)
+                    if rec is None or rec.queue != self.name:
+                        continue
+                    token = new_token()
+                    try:
+                        change = engine.claim(
+                            rec,
+                            subscriber,
+                            at,
+                            token=token,
+                            owner=owner,
+                            lease_until=until,
+                            lock_id=lock_id,
+                        )
+                    except (IllegalTransition, LockedError):
+                        continue
+                    if rec.native_ref is None and at - rec.created_at < self.lease * 1_000_000:
+                        # Put through the broker apart from the index (another store): the
+                        # payload's reference is recorded just after the record. Not yet.
+                        continue
+                    claims.append((rec, change, token))
             if not claims:
                 return []
             envs = self._envelopes([rec for rec, _, _ in claims])
