@@ -30,24 +30,21 @@ touches is written to the WAL, and that is what a commit costs):
 
 Searches on ``msg_id`` and ``correlation_id`` use indexes; other filters scan the queue's
 rows (never payloads).
+
+The store is :class:`SqliteStore`; its database layer (the URL, the schema,
+:class:`SqliteDatabase` with its connections and transactions) is in
+:mod:`iqbridge.stores.sqlite_database` and its write path in
+:mod:`iqbridge.stores.sqlite_commit`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import threading
-import weakref
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
-from types import TracebackType
-from typing import Any, ClassVar
-from urllib.parse import parse_qs, urlsplit
+from collections.abc import Sequence
+from typing import Any
 
-from iqbridge.engine import Change
-from iqbridge.errors import ConfigurationError, IndexUnavailable, MessageNotFound
+from iqbridge.errors import MessageNotFound
 from iqbridge.model import (
     Filter,
     JournalEntry,
@@ -57,19 +54,23 @@ from iqbridge.model import (
     Subscriptions,
     to_micros,
 )
-from iqbridge.states import ActorKind, Mode, PublisherState, SubscriberState
-from iqbridge.stores.base import AvailableQueries, PurgedMessage, StaleRecord
+from iqbridge.states import Mode, PublisherState, SubscriberState
+from iqbridge.stores.base import AvailableQueries, PurgedMessage
 from iqbridge.stores.codec import JOURNAL_PER_ROW as _PER_ROW
 from iqbridge.stores.codec import (
-    encode,
     entries_from_json,
     subscriptions_from_json,
     subscriptions_to_json,
 )
-from iqbridge.stores.codec import entries_to_json as _entries_json
 from iqbridge.stores.codec import members_from_json as _members
-from iqbridge.stores.codec import members_to_json as _members_json
 from iqbridge.stores.codec import summary as _summary
+from iqbridge.stores.sqlite_commit import SqliteCommits
+from iqbridge.stores.sqlite_database import (
+    SqliteDatabase,
+    _Transaction,
+    _translate,
+    parse_sqlite_url,
+)
 
 __all__ = [
     "SqliteDatabase",
@@ -80,335 +81,18 @@ __all__ = [
     "subscriptions_to_json",
 ]
 
-SCHEMA_VERSION = 2
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS iq_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS iq_queues (
-    name TEXT PRIMARY KEY,
-    subscriptions TEXT NOT NULL DEFAULT '{}'
-);
-CREATE TABLE IF NOT EXISTS iq_messages (
-    seq INTEGER PRIMARY KEY,
-    msg_id TEXT NOT NULL UNIQUE,
-    queue TEXT NOT NULL,
-    publisher TEXT NOT NULL,
-    ordering_key TEXT NOT NULL,
-    correlation_id TEXT,
-    priority INTEGER NOT NULL,
-    mode TEXT NOT NULL,
-    parents TEXT,
-    native_ref TEXT,
-    content_type TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    created_at INTEGER NOT NULL,
-    expires_at INTEGER,
-    max_attempts INTEGER NOT NULL,
-    publisher_state TEXT,
-    withdrawn INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL,
-    lock_id TEXT,
-    lock_owner TEXT,
-    lock_until INTEGER,
-    version INTEGER NOT NULL,
-    members TEXT NOT NULL,
-    journal TEXT NOT NULL,
-    next_due INTEGER
-);
-CREATE INDEX IF NOT EXISTS iq_messages_corr ON iq_messages (correlation_id)
-    WHERE correlation_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS iq_messages_due ON iq_messages (next_due)
-    WHERE next_due IS NOT NULL;
-CREATE TABLE IF NOT EXISTS iq_ready (
-    queue TEXT NOT NULL,
-    subscriber TEXT NOT NULL,
-    priority INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    attempt INTEGER NOT NULL,
-    not_before INTEGER,
-    PRIMARY KEY (queue, subscriber, priority DESC, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS iq_journal (
-    seq INTEGER PRIMARY KEY,
-    msg_id TEXT NOT NULL,
-    queue TEXT NOT NULL,
-    entries TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS iq_payloads (
-    msg_id TEXT PRIMARY KEY,
-    body BLOB NOT NULL,
-    headers TEXT NOT NULL
-);
-"""
-
 _MSG_COLS = (
     "seq, msg_id, queue, publisher, ordering_key, correlation_id, priority, mode, parents, "
     "native_ref, content_type, size, created_at, expires_at, max_attempts, publisher_state, "
     "withdrawn, updated_at, lock_id, lock_owner, lock_until, version, members, journal"
 )
-_INSERT_MSG = (
-    "INSERT INTO iq_messages (msg_id, queue, publisher, ordering_key, correlation_id, priority,"
-    " mode, parents, native_ref, content_type, size, created_at, expires_at, max_attempts,"
-    " publisher_state, withdrawn, updated_at, lock_id, lock_owner, lock_until, version,"
-    " members, journal, next_due) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-)
-_INSERT_ABSENT = _INSERT_MSG + " ON CONFLICT (msg_id) DO NOTHING"
-_INSERT_PAYLOAD = "INSERT OR REPLACE INTO iq_payloads (msg_id, body, headers) VALUES (?,?,?)"
-_UPDATE_MSG = (
-    "UPDATE iq_messages SET publisher_state=?, withdrawn=?, updated_at=?, lock_id=?,"
-    " lock_owner=?, lock_until=?, version=?, members=?, journal=journal || ?,"
-    " next_due=? WHERE seq=? AND version=?"
-)
-_INSERT_READY = (
-    "INSERT OR REPLACE INTO iq_ready (queue, subscriber, priority, seq, attempt, not_before)"
-    " VALUES (?,?,?,?,?,?)"
-)
-_DELETE_READY = "DELETE FROM iq_ready WHERE queue=? AND subscriber=? AND priority=? AND seq=?"
-_INSERT_JOURNAL = "INSERT INTO iq_journal (seq, msg_id, queue, entries) VALUES (?,?,?,?)"
-# Journal entries of one change share a row; entry seq = row seq * _PER_ROW + position.
 
 _PUB = {s.value: s for s in PublisherState}
-_AVAILABLE = SubscriberState.AVAILABLE
 #: Ids per IN (...) list (older SQLite builds allow 999 parameters a statement).
 _CHUNK = 500
 
 
-def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
-    """The database path and options of a ``sqlite:///`` URL."""
-    parts = urlsplit(url)
-    if parts.scheme != "sqlite":
-        raise ConfigurationError(f"not a sqlite URL: {url!r}")
-    if parts.netloc:
-        raise ConfigurationError(
-            f"sqlite URL {url!r} has a host part; use sqlite:///relative.db or "
-            f"sqlite:////absolute/path.db"
-        )
-    raw = parts.path[1:] if parts.path.startswith("/") else parts.path
-    if not raw or raw == ":memory:":
-        raise ConfigurationError(
-            f"sqlite URL {url!r} names no file; give one (sqlite:///iqbridge.db) or use "
-            f"memory:// for an in-process queue"
-        )
-    opts = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    unknown = set(opts) - {"synchronous", "busy_timeout"}
-    if unknown:
-        raise ConfigurationError(
-            f"unknown sqlite option(s) {sorted(unknown)} in {url!r}; known: synchronous, "
-            f"busy_timeout"
-        )
-    sync = opts.get("synchronous", "full").lower()
-    if sync not in ("normal", "full"):
-        raise ConfigurationError(f"synchronous must be normal or full, not {sync!r}")
-    return Path(raw), opts
-
-
-class SqliteDatabase:
-    """One SQLite file, a connection per thread, and transactions that nest."""
-
-    def __init__(self, path: Path, *, synchronous: str = "full", busy_timeout: float = 30.0):
-        self.path = path
-        self.synchronous = synchronous
-        self.busy_timeout = busy_timeout
-        self._local = threading.local()
-        self._all: weakref.WeakSet[_Conn] = weakref.WeakSet()
-        self._all_lock = threading.Lock()
-        self._closed = False
-        self._users = 0
-        # Writers of this process queue here rather than in SQLite's busy handler, which
-        # sleeps in millisecond steps; other processes still meet at the file lock.
-        self._write_lock = threading.Lock()
-        if not path.parent.exists():
-            raise IndexUnavailable(
-                f"cannot open SQLite database {str(path)!r}: directory "
-                f"{str(path.parent)!r} does not exist; create it or choose another path"
-            )
-        with self.connect() as conn:
-            conn.executescript(_SCHEMA)
-            conn.execute(
-                "INSERT OR IGNORE INTO iq_meta (key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
-            )
-
-    _shared: ClassVar[weakref.WeakValueDictionary[Path, SqliteDatabase]] = (
-        weakref.WeakValueDictionary()
-    )
-    _shared_lock = threading.Lock()
-
-    @classmethod
-    def shared(cls, url: str) -> SqliteDatabase:
-        """The one open database of this process for the file a ``sqlite:///`` URL names.
-
-        The queue rows and the index of one file must use the same connections, or a
-        put would wait on its own write lock.
-        """
-        path, opts = parse_sqlite_url(url)
-        key = path.resolve()
-        with cls._shared_lock:
-            db = cls._shared.get(key)
-            if db is None or db._closed:
-                db = cls(
-                    path,
-                    synchronous=opts.get("synchronous", "full").lower(),
-                    busy_timeout=float(opts.get("busy_timeout", "30")),
-                )
-                cls._shared[key] = db
-            db._users += 1
-            return db
-
-    def acquire(self) -> SqliteDatabase:
-        """Count one more user; each user calls close() once."""
-        with SqliteDatabase._shared_lock:
-            self._users += 1
-        return self
-
-    @contextmanager
-    def connect(self) -> Iterator[sqlite3.Connection]:
-        """A raw connection for setup work, outside the per-thread pool."""
-        conn = self._open()
-        try:
-            yield conn
-        finally:
-            conn.close()
-
-    def _open(self) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(
-                self.path,
-                isolation_level=None,
-                check_same_thread=False,
-                timeout=self.busy_timeout,
-            )
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
-            conn.execute("PRAGMA foreign_keys=OFF")
-        except sqlite3.Error as exc:
-            raise IndexUnavailable(
-                f"cannot open SQLite database {str(self.path)!r}: {exc}"
-            ) from exc
-        return conn
-
-    @property
-    def conn(self) -> sqlite3.Connection:
-        """This thread's connection."""
-        holder: _Conn | None = getattr(self._local, "holder", None)
-        if holder is None:
-            if self._closed:
-                raise IndexUnavailable(f"SQLite database {str(self.path)!r} was closed")
-            holder = _Conn(self._open())
-            self._local.holder = holder
-            with self._all_lock:
-                self._all.add(holder)
-        return holder.conn
-
-    def transaction(self, *, savepoint: bool = True) -> _Transaction:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on this thread's connection.
-
-        Nested use joins the enclosing transaction, inside a savepoint unless
-        ``savepoint=False`` (for callers that fail before writing anything).
-        """
-        return _Transaction(self, savepoint)
-
-    def close(self) -> None:
-        """Close every thread's connection, once the last user of a shared one is done."""
-        with SqliteDatabase._shared_lock:
-            self._users -= 1
-            if self._users > 0:
-                return
-        self._closed = True
-        with self._all_lock:
-            for holder in list(self._all):
-                holder.conn.close()
-            self._all.clear()
-        self._local = threading.local()
-
-
-def _forget_after_fork() -> None:
-    # A forked child must never touch its parent's SQLite connections.
-    for db in list(SqliteDatabase._shared.values()):
-        db._local = threading.local()
-        db._all = weakref.WeakSet()
-        db._write_lock = threading.Lock()
-    SqliteDatabase._shared = weakref.WeakValueDictionary()
-    SqliteDatabase._shared_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-class _Transaction:
-    """The context manager behind :meth:`SqliteDatabase.transaction` (a class: it is on
-    every hot path, and a generator-based one costs more)."""
-
-    __slots__ = ("conn", "db", "name", "savepoint")
-
-    def __init__(self, db: SqliteDatabase, savepoint: bool) -> None:
-        self.db = db
-        self.savepoint = savepoint
-        self.name: str | None = None
-        self.conn: sqlite3.Connection | None = None
-
-    def __enter__(self) -> sqlite3.Connection:
-        db = self.db
-        conn = self.conn = db.conn
-        local = db._local
-        depth: int = getattr(local, "depth", 0)
-        if depth:
-            if self.savepoint:
-                self.name = f"iq_sp{depth}"
-                conn.execute(f"SAVEPOINT {self.name}")
-            local.depth = depth + 1
-            return conn
-        db._write_lock.acquire()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            db._write_lock.release()
-            raise _translate(exc, db.path) from exc
-        local.depth = 1
-        return conn
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        local = self.db._local
-        depth: int = local.depth
-        local.depth = depth - 1
-        conn = self.conn
-        assert conn is not None
-        if depth > 1:
-            if self.name is not None:
-                if exc is not None:
-                    conn.execute(f"ROLLBACK TO {self.name}")
-                conn.execute(f"RELEASE {self.name}")
-            return
-        try:
-            if exc is not None:
-                conn.execute("ROLLBACK")
-                return
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as err:
-                conn.execute("ROLLBACK")
-                raise _translate(err, self.db.path) from err
-        finally:
-            self.db._write_lock.release()
-
-
-class _Conn:
-    __slots__ = ("__weakref__", "conn")
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-
-def _translate(exc: sqlite3.Error, path: Path) -> Exception:
-    return IndexUnavailable(f"SQLite database {str(path)!r}: {exc}")
-
-
-class SqliteStore(AvailableQueries):
+class SqliteStore(SqliteCommits, AvailableQueries):
     """The index in a SQLite file (see the module docstring)."""
 
     def __init__(self, db: SqliteDatabase) -> None:
@@ -423,164 +107,6 @@ class SqliteStore(AvailableQueries):
     def atomic(self) -> _Transaction:
         """One write transaction for everything inside."""
         return self.db.transaction()
-
-    def commit(self, change: Change) -> None:
-        """Persist one change with compare-and-set."""
-        self.commit_many((change,))
-
-    def commit_many(self, changes: Sequence[Change]) -> None:
-        """Persist several changes in one transaction, all or none."""
-        self._commit(changes, each=False)
-
-    def commit_each(self, changes: Sequence[Change]) -> list[bool]:
-        """Persist, in one transaction, every change whose compare-and-set holds (a new
-        message: whose msg_id is not taken); skip the others, and later changes of a
-        message already in the batch. One flag per change: applied or not."""
-        return self._commit(changes, each=True)
-
-    def _commit(self, changes: Sequence[Change], *, each: bool) -> list[bool]:
-        applied: list[bool] = []
-        try:
-            # A lone change fails (StaleRecord) before it writes anything, so it needs no
-            # savepoint inside an enclosing transaction; several changes do.
-            with self.db.transaction(savepoint=len(changes) > 1) as conn:
-                row = conn.execute("SELECT max(seq) FROM iq_journal").fetchone()
-                next_seq = (row[0] or 0) + 1
-                journal: list[tuple[Any, ...]] = []
-                ready_add: list[tuple[Any, ...]] = []
-                ready_del: list[tuple[Any, ...]] = []
-                payloads: list[tuple[str, bytes, str]] = []
-                seen: set[str] = set()
-                for change in changes:
-                    if each and change.msg_id in seen:
-                        applied.append(False)
-                        continue
-                    seen.add(change.msg_id)
-                    entries = change.journal
-                    seqs = []
-                    rows = []
-                    for i in range(0, max(len(entries), 1), _PER_ROW - 1):
-                        part = entries[i : i + _PER_ROW - 1]
-                        if not part:
-                            break
-                        rows.append(
-                            (next_seq, change.msg_id, change.record.queue, _entries_json(part))
-                        )
-                        seqs.append(str(next_seq))
-                        next_seq += 1
-                    ok = self._write(conn, change, ",".join(seqs), ready_add, ready_del, each)
-                    applied.append(ok)
-                    if not ok:
-                        next_seq -= len(rows)  # nothing written: the numbers are free again
-                        continue
-                    journal += rows
-                    if change.created and change.retain is not None:
-                        kept = change.retain
-                        payloads.append(
-                            (change.msg_id, bytes(kept.body), encode(dict(kept.headers)))
-                        )
-                if ready_del:
-                    conn.executemany(_DELETE_READY, ready_del)
-                if ready_add:
-                    conn.executemany(_INSERT_READY, ready_add)
-                if len(journal) == 1:
-                    conn.execute(_INSERT_JOURNAL, journal[0])
-                elif journal:
-                    conn.executemany(_INSERT_JOURNAL, journal)
-                if payloads:
-                    conn.executemany(_INSERT_PAYLOAD, payloads)
-        except sqlite3.IntegrityError as exc:
-            raise StaleRecord(changes[0].msg_id if changes else "?") from exc
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.db.path) from exc
-        return applied
-
-    def _write(
-        self,
-        conn: sqlite3.Connection,
-        change: Change,
-        seqs: str,
-        ready_add: list[tuple[Any, ...]],
-        ready_del: list[tuple[Any, ...]],
-        each: bool,
-    ) -> bool:
-        """Write one change's record and collect its ready-table rows; False when its
-        compare-and-set failed and ``each`` (then nothing was written), else StaleRecord."""
-        rec = change.record
-        members = _members_json(rec)
-        if change.created:
-            cur = conn.execute(
-                _INSERT_ABSENT if each else _INSERT_MSG,
-                (
-                    rec.msg_id,
-                    rec.queue,
-                    rec.publisher,
-                    rec.ordering_key,
-                    rec.correlation_id,
-                    rec.priority,
-                    rec.mode,
-                    json.dumps(rec.parents) if rec.parents else None,
-                    rec.native_ref,
-                    rec.content_type,
-                    rec.size,
-                    rec.created_at,
-                    rec.expires_at,
-                    rec.max_attempts,
-                    rec.publisher_state,
-                    int(rec.withdrawn),
-                    rec.updated_at,
-                    rec.lock_id,
-                    rec.lock_owner,
-                    rec.lock_until,
-                    rec.version,
-                    members,
-                    seqs,
-                    rec.due_at(),
-                ),
-            )
-            if cur.rowcount != 1:
-                return False  # each: the msg_id is taken (else IntegrityError was raised)
-            rec.seq = cur.lastrowid
-            for m in rec.members.values():
-                if m.state is _AVAILABLE:
-                    ready_add.append(
-                        (rec.queue, m.subscriber, rec.priority, rec.seq, m.attempt, m.not_before)
-                    )
-            return True
-        cur = conn.execute(
-            _UPDATE_MSG,
-            (
-                rec.publisher_state,
-                int(rec.withdrawn),
-                rec.updated_at,
-                rec.lock_id,
-                rec.lock_owner,
-                rec.lock_until,
-                rec.version,
-                members,
-                "," + seqs if seqs else "",
-                rec.due_at(),
-                rec.seq,
-                change.expected_version,
-            ),
-        )
-        if cur.rowcount != 1:
-            if each:
-                return False
-            raise StaleRecord(rec.msg_id)
-        # The ready table mirrors exactly the members that are AVAILABLE now.
-        left: set[str] = set()
-        for e in change.journal:
-            if e.src == "AVAILABLE" and e.actor_kind is ActorKind.SUBSCRIBER:
-                left.add(e.actor)
-        for name in change.dirty:
-            m = rec.members[name]
-            key = (rec.queue, name, rec.priority, rec.seq)
-            if m.state is _AVAILABLE:
-                ready_add.append((*key, m.attempt, m.not_before))
-            elif name in left:
-                ready_del.append(key)
-        return True
 
     def load(self, msg_id: str) -> MessageRecord:
         """The current record of a message."""
@@ -610,24 +136,6 @@ class SqliteStore(AvailableQueries):
         except sqlite3.Error as exc:
             raise _translate(exc, self.db.path) from exc
         return out
-
-    def set_native_ref(self, msg_id: str, native_ref: str) -> None:
-        """Record where the payload lives."""
-        with self.db.transaction() as conn:
-            conn.execute("UPDATE iq_messages SET native_ref=? WHERE msg_id=?", (native_ref, msg_id))
-
-    def set_native_refs(self, refs: Sequence[tuple[str, str]]) -> None:
-        """Record where several payloads live, in one transaction; unknown ids are skipped."""
-        if not refs:
-            return
-        try:
-            with self.db.transaction() as conn:
-                conn.executemany(
-                    "UPDATE iq_messages SET native_ref=? WHERE msg_id=?",
-                    [(ref, msg_id) for msg_id, ref in refs],
-                )
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.db.path) from exc
 
     def retained(self, msg_ids: Sequence[str]) -> dict[str, Retained]:
         """The retained payload copies of those of ``msg_ids`` that have one."""

@@ -1,0 +1,228 @@
+"""The write path of the embedded SQLite index store (:mod:`iqbridge.stores.sqlite`):
+one change, an all-or-nothing batch, or a batch that writes what still holds
+(``commit_each``), each in one transaction: the message row (compare-and-set on its
+version), the ready rows of its AVAILABLE members, journal rows and retained payload
+copies; and native refs."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from iqbridge.engine import Change
+from iqbridge.states import ActorKind, SubscriberState
+from iqbridge.stores.base import StaleRecord
+from iqbridge.stores.codec import JOURNAL_PER_ROW as _PER_ROW
+from iqbridge.stores.codec import encode
+from iqbridge.stores.codec import entries_to_json as _entries_json
+from iqbridge.stores.codec import members_to_json as _members_json
+from iqbridge.stores.sqlite_database import SqliteDatabase, _translate
+
+__all__ = ["SqliteCommits"]
+
+_INSERT_MSG = (
+    "INSERT INTO iq_messages (msg_id, queue, publisher, ordering_key, correlation_id, priority,"
+    " mode, parents, native_ref, content_type, size, created_at, expires_at, max_attempts,"
+    " publisher_state, withdrawn, updated_at, lock_id, lock_owner, lock_until, version,"
+    " members, journal, next_due) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+_INSERT_ABSENT = _INSERT_MSG + " ON CONFLICT (msg_id) DO NOTHING"
+_INSERT_PAYLOAD = "INSERT OR REPLACE INTO iq_payloads (msg_id, body, headers) VALUES (?,?,?)"
+_UPDATE_MSG = (
+    "UPDATE iq_messages SET publisher_state=?, withdrawn=?, updated_at=?, lock_id=?,"
+    " lock_owner=?, lock_until=?, version=?, members=?, journal=journal || ?,"
+    " next_due=? WHERE seq=? AND version=?"
+)
+_INSERT_READY = (
+    "INSERT OR REPLACE INTO iq_ready (queue, subscriber, priority, seq, attempt, not_before)"
+    " VALUES (?,?,?,?,?,?)"
+)
+_DELETE_READY = "DELETE FROM iq_ready WHERE queue=? AND subscriber=? AND priority=? AND seq=?"
+_INSERT_JOURNAL = "INSERT INTO iq_journal (seq, msg_id, queue, entries) VALUES (?,?,?,?)"
+# Journal entries of one change share a row; entry seq = row seq * _PER_ROW + position.
+
+_AVAILABLE = SubscriberState.AVAILABLE
+
+
+class SqliteCommits:
+    """Commits and native refs of :class:`~iqbridge.stores.sqlite.SqliteStore`."""
+
+    db: SqliteDatabase
+
+    def commit(self, change: Change) -> None:
+        """Persist one change with compare-and-set."""
+        self.commit_many((change,))
+
+    def commit_many(self, changes: Sequence[Change]) -> None:
+        """Persist several changes in one transaction, all or none."""
+        self._commit(changes, each=False)
+
+    def commit_each(self, changes: Sequence[Change]) -> list[bool]:
+        """Persist, in one transaction, every change whose compare-and-set holds (a new
+        message: whose msg_id is not taken); skip the others, and later changes of a
+        message already in the batch. One flag per change: applied or not."""
+        return self._commit(changes, each=True)
+
+    def _commit(self, changes: Sequence[Change], *, each: bool) -> list[bool]:
+        applied: list[bool] = []
+        try:
+            # A lone change fails (StaleRecord) before it writes anything, so it needs no
+            # savepoint inside an enclosing transaction; several changes do.
+            with self.db.transaction(savepoint=len(changes) > 1) as conn:
+                row = conn.execute("SELECT max(seq) FROM iq_journal").fetchone()
+                next_seq = (row[0] or 0) + 1
+                journal: list[tuple[Any, ...]] = []
+                ready_add: list[tuple[Any, ...]] = []
+                ready_del: list[tuple[Any, ...]] = []
+                payloads: list[tuple[str, bytes, str]] = []
+                seen: set[str] = set()
+                for change in changes:
+                    if each and change.msg_id in seen:
+                        applied.append(False)
+                        continue
+                    seen.add(change.msg_id)
+                    entries = change.journal
+                    seqs = []
+                    rows = []
+                    for i in range(0, max(len(entries), 1), _PER_ROW - 1):
+                        part = entries[i : i + _PER_ROW - 1]
+                        if not part:
+                            break
+                        rows.append(
+                            (next_seq, change.msg_id, change.record.queue, _entries_json(part))
+                        )
+                        seqs.append(str(next_seq))
+                        next_seq += 1
+                    ok = self._write(conn, change, ",".join(seqs), ready_add, ready_del, each)
+                    applied.append(ok)
+                    if not ok:
+                        next_seq -= len(rows)  # nothing written: the numbers are free again
+                        continue
+                    journal += rows
+                    if change.created and change.retain is not None:
+                        kept = change.retain
+                        payloads.append(
+                            (change.msg_id, bytes(kept.body), encode(dict(kept.headers)))
+                        )
+                if ready_del:
+                    conn.executemany(_DELETE_READY, ready_del)
+                if ready_add:
+                    conn.executemany(_INSERT_READY, ready_add)
+                if len(journal) == 1:
+                    conn.execute(_INSERT_JOURNAL, journal[0])
+                elif journal:
+                    conn.executemany(_INSERT_JOURNAL, journal)
+                if payloads:
+                    conn.executemany(_INSERT_PAYLOAD, payloads)
+        except sqlite3.IntegrityError as exc:
+            raise StaleRecord(changes[0].msg_id if changes else "?") from exc
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.db.path) from exc
+        return applied
+
+    def _write(
+        self,
+        conn: sqlite3.Connection,
+        change: Change,
+        seqs: str,
+        ready_add: list[tuple[Any, ...]],
+        ready_del: list[tuple[Any, ...]],
+        each: bool,
+    ) -> bool:
+        """Write one change's record and collect its ready-table rows; False when its
+        compare-and-set failed and ``each`` (then nothing was written), else StaleRecord."""
+        rec = change.record
+        members = _members_json(rec)
+        if change.created:
+            cur = conn.execute(
+                _INSERT_ABSENT if each else _INSERT_MSG,
+                (
+                    rec.msg_id,
+                    rec.queue,
+                    rec.publisher,
+                    rec.ordering_key,
+                    rec.correlation_id,
+                    rec.priority,
+                    rec.mode,
+                    json.dumps(rec.parents) if rec.parents else None,
+                    rec.native_ref,
+                    rec.content_type,
+                    rec.size,
+                    rec.created_at,
+                    rec.expires_at,
+                    rec.max_attempts,
+                    rec.publisher_state,
+                    int(rec.withdrawn),
+                    rec.updated_at,
+                    rec.lock_id,
+                    rec.lock_owner,
+                    rec.lock_until,
+                    rec.version,
+                    members,
+                    seqs,
+                    rec.due_at(),
+                ),
+            )
+            if cur.rowcount != 1:
+                return False  # each: the msg_id is taken (else IntegrityError was raised)
+            rec.seq = cur.lastrowid
+            for m in rec.members.values():
+                if m.state is _AVAILABLE:
+                    ready_add.append(
+                        (rec.queue, m.subscriber, rec.priority, rec.seq, m.attempt, m.not_before)
+                    )
+            return True
+        cur = conn.execute(
+            _UPDATE_MSG,
+            (
+                rec.publisher_state,
+                int(rec.withdrawn),
+                rec.updated_at,
+                rec.lock_id,
+                rec.lock_owner,
+                rec.lock_until,
+                rec.version,
+                members,
+                "," + seqs if seqs else "",
+                rec.due_at(),
+                rec.seq,
+                change.expected_version,
+            ),
+        )
+        if cur.rowcount != 1:
+            if each:
+                return False
+            raise StaleRecord(rec.msg_id)
+        # The ready table mirrors exactly the members that are AVAILABLE now.
+        left: set[str] = set()
+        for e in change.journal:
+            if e.src == "AVAILABLE" and e.actor_kind is ActorKind.SUBSCRIBER:
+                left.add(e.actor)
+        for name in change.dirty:
+            m = rec.members[name]
+            key = (rec.queue, name, rec.priority, rec.seq)
+            if m.state is _AVAILABLE:
+                ready_add.append((*key, m.attempt, m.not_before))
+            elif name in left:
+                ready_del.append(key)
+        return True
+
+    def set_native_ref(self, msg_id: str, native_ref: str) -> None:
+        """Record where the payload lives."""
+        with self.db.transaction() as conn:
+            conn.execute("UPDATE iq_messages SET native_ref=? WHERE msg_id=?", (native_ref, msg_id))
+
+    def set_native_refs(self, refs: Sequence[tuple[str, str]]) -> None:
+        """Record where several payloads live, in one transaction; unknown ids are skipped."""
+        if not refs:
+            return
+        try:
+            with self.db.transaction() as conn:
+                conn.executemany(
+                    "UPDATE iq_messages SET native_ref=? WHERE msg_id=?",
+                    [(ref, msg_id) for msg_id, ref in refs],
+                )
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.db.path) from exc
