@@ -129,11 +129,21 @@ class SqliteAdapter:
 
     def read(self, queue: str, ref: str) -> Envelope | None:
         """The stored envelope at a row reference."""
-        return self.read_many(queue, [ref])[0]
+        try:
+            row = self.db.conn.execute(
+                "SELECT msg_id, body, content_type, headers, publisher, correlation_id,"
+                " priority, ordering_key, parents, put_at FROM iq_queue_rows WHERE ref=?",
+                (int(ref),),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise IndexUnavailable(f"SQLite queue {str(self.db.path)!r}: {exc}") from exc
+        return _envelope(row) if row is not None else None
 
     def read_many(self, queue: str, refs: Sequence[str]) -> list[Envelope | None]:
         """The stored envelopes at several row references, in order: one query per
         500 references."""
+        if len(refs) == 1:
+            return [self.read(queue, refs[0])]
         found: dict[int, Envelope] = {}
         keys = [int(r) for r in refs]
         try:

@@ -103,7 +103,8 @@ class Settling(QueueCore):
         broker."""
         change = self._apply(msg_id, self._op(move, subscriber, token), hint)
         assert change is not None
-        self._tell_broker([(change, subscriber, move)])
+        if self._native or move.kind == "release":
+            self._tell_broker([(change, subscriber, move)])
         return change
 
     def _tell_broker(self, moved: Sequence[tuple[Change, str, Move]]) -> None:

@@ -122,6 +122,11 @@ class SqliteStore(SqliteCommits, AvailableQueries):
 
     def load_many(self, msg_ids: Sequence[str]) -> dict[str, MessageRecord]:
         """The current records of the known ones of ``msg_ids``, by msg_id."""
+        if len(msg_ids) == 1:  # a single get: the plain lookup
+            try:
+                return {msg_ids[0]: self.load(msg_ids[0])}
+            except MessageNotFound:
+                return {}
         out: dict[str, MessageRecord] = {}
         ids = list(dict.fromkeys(msg_ids))
         try:
