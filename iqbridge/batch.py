@@ -56,11 +56,12 @@ class Batch(Sequence[Delivery]):
     in one commit, and the exception propagates.
     """
 
-    __slots__ = ("_deliveries", "_outcomes", "_queue")
+    __slots__ = ("_deliveries", "_outcomes", "_position", "_queue")
 
     def __init__(self, queue: BatchMover, deliveries: Sequence[Delivery]) -> None:
         self._queue = queue
         self._deliveries = list(deliveries)
+        self._position = {id(d): i for i, d in enumerate(self._deliveries)}
         self._outcomes: dict[int, Move] = {}
 
     @overload
@@ -87,10 +88,10 @@ class Batch(Sequence[Delivery]):
         return [d.msg_id for d in self._deliveries]
 
     def _index(self, delivery: Delivery) -> int:
-        for i, d in enumerate(self._deliveries):
-            if d is delivery:
-                return i
-        raise InvalidArgument(f"message {delivery.msg_id} is not a delivery of this batch")
+        i = self._position.get(id(delivery))
+        if i is None or self._deliveries[i] is not delivery:
+            raise InvalidArgument(f"message {delivery.msg_id} is not a delivery of this batch")
+        return i
 
     def unusable(self, delivery: Delivery, reason: str) -> None:
         """Record that ``delivery`` is to go UNUSABLE (then JOURNALLED) with ``reason``
@@ -114,8 +115,9 @@ class Batch(Sequence[Delivery]):
         ``Connection`` on the SQL index's database: the batch then commits (or rolls
         back) with your own rows, and the broker hears of it after the commit.
 
-        Returns what moved; deliveries moved alone before, or whose lease was taken over,
-        are reported in ``Settled.lost`` and changed nothing.
+        Returns what moved; deliveries whose lease was taken over are reported in
+        ``Settled.lost`` and changed nothing; deliveries moved alone before are left as
+        they are.
         """
         moves = [
             (d, self._outcomes.get(i, DONE))

@@ -45,7 +45,8 @@ PROCESS = Move("process")
 class Settled:
     """What settling a batch did, by msg_id: ``done``, ``unusable`` and ``released``
     moved as asked; ``lost`` (msg_id -> why) could not move because their lease was taken
-    over or they were finished already; nothing changed for them."""
+    over (the message went back, or to another holder); nothing changed for them.
+    Deliveries moved alone before are left as they are and are in none of the lists."""
 
     done: list[str] = field(default_factory=list)
     unusable: list[str] = field(default_factory=list)
@@ -137,14 +138,14 @@ class Settling(QueueCore):
     ) -> Settled:
         """Move many held deliveries in one index commit and one broker acknowledgement
         per group. A move whose compare-and-set fails (another move of the message came
-        first) is made again on a fresh read; one that cannot be made (lease lost,
-        finished already) is reported in ``Settled.lost`` and changes nothing."""
+        first) is made again on a fresh read; one that cannot be made (its lease was taken
+        over) is reported in ``Settled.lost`` and changes nothing. Deliveries no longer
+        held (moved alone already) are skipped."""
         result = Settled()
         planned: list[tuple[Delivery, Move, Change]] = []
         retry: list[tuple[Delivery, Move]] = []
         for d, move in moves:
             if d.state not in IN_DOUBT:
-                result.lost[d.msg_id] = f"it was moved alone already: it is {d.state.value}"
                 continue
             if d._record is None:
                 retry.append((d, move))

@@ -225,7 +225,7 @@ class BatchTests(ContractBase):
         batch[0].done()
         batch[1].unusable("bad")
         settled = batch.done()
-        assert settled.done == [ids[2]]
+        assert (settled.done, settled.unusable, settled.lost) == ([ids[2]], [], {})
         assert count_moves(q.state(ids[0]), "a", S.DONE) == 1
         assert count_moves(q.state(ids[1]), "a", S.DONE) == 0
         assert q.state(ids[1]).subscribers["a"].reason == "bad"
