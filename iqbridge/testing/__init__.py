@@ -19,9 +19,11 @@ a backend's test module only subclasses them and says how to open a fresh backen
 
 * :mod:`iqbridge.testing.adapter_contract` -- :class:`AdapterContract`, the facade-level
   suite (state model, modes, confirm/undo, browse, search, leases, once-only, ordering,
-  ttl, purge, payloads, retry policy, timeouts) run through a :class:`~iqbridge.Hub`.
+  ttl, purge, payloads, retry policy, timeouts, batch consumption, payloads needed again
+  after delivery on brokers that forget) run through a :class:`~iqbridge.Hub`.
 * :mod:`iqbridge.testing.store_contract` -- :class:`IndexStoreContract`, the store-level
-  suite (compare-and-set, claim order, due work, journal, search, purge, subscriptions).
+  suite (compare-and-set, batch commits, claim order, due work, journal, search, purge,
+  retained payload copies, subscriptions).
 
 The suites import pytest, which is a test extra; importing this package itself does not.
 """
