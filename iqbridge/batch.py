@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Protocol, overload
 
 from iqbridge.delivery import Delivery
 from iqbridge.errors import InvalidArgument
-from iqbridge.settling import DONE, PROCESS, Move, Settled
+from iqbridge.moves import DONE, PROCESS, Move, after_failure
+from iqbridge.settling import Settled
 from iqbridge.states import IN_DOUBT, SubscriberState
 
 if TYPE_CHECKING:
@@ -153,15 +154,9 @@ class Batch(Sequence[Delivery]):
         if exc is None:
             self.done()
             return
-        policy = self._queue.retry
-        reason = f"{type(exc).__name__}: {exc}"[:1000]
         for i, d in enumerate(self._deliveries):
-            if i in self._outcomes or d.state not in IN_DOUBT:
-                continue
-            if policy.gives_up(exc, d.attempt, d.max_attempts):
-                self._outcomes[i] = Move("unusable", reason=reason)
-            else:
-                self._outcomes[i] = Move("release", reason=reason, delay=policy.delay(d.attempt))
+            if i not in self._outcomes and d.state in IN_DOUBT:
+                self._outcomes[i] = after_failure(self._queue.retry, exc, d.attempt, d.max_attempts)
         self.done()
 
     def __repr__(self) -> str:

@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from iqbridge.model import Envelope, MessageRecord, from_micros
+from iqbridge.moves import after_failure
 from iqbridge.payload import decode
 from iqbridge.states import SubscriberState
 
@@ -252,12 +253,11 @@ class Delivery:
         if exc is None:
             self.done()
             return
-        policy = self._queue.retry
-        reason = f"{type(exc).__name__}: {exc}"[:1000]
-        if policy.gives_up(exc, self.attempt, self.max_attempts):
-            self.unusable(reason)
+        move = after_failure(self._queue.retry, exc, self.attempt, self.max_attempts)
+        if move.kind == "unusable":
+            self.unusable(move.reason)
         else:
-            self.release(policy.delay(self.attempt), reason)
+            self.release(move.delay, move.reason)
 
     def __repr__(self) -> str:
         return (

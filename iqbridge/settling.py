@@ -15,6 +15,7 @@ from iqbridge import engine
 from iqbridge.engine import Change
 from iqbridge.errors import IllegalTransition, InvalidArgument, IQError
 from iqbridge.model import MessageRecord
+from iqbridge.moves import DONE, PROCESS, Move
 from iqbridge.queue_core import QueueCore, to_seconds
 from iqbridge.states import IN_DOUBT, PublisherState
 from iqbridge.transaction import Binding, Transaction, join
@@ -25,20 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["Move", "Settled", "Settling"]
 
 log = logging.getLogger("iqbridge")
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    """One move of a held delivery: ``kind`` is process, done, unusable, release or renew."""
-
-    kind: str
-    reason: str = ""
-    delay: float = 0.0
-    lease: float | None = None
-
-
-DONE = Move("done")
-PROCESS = Move("process")
 
 
 @dataclass(frozen=True, slots=True)
