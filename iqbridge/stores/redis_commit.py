@@ -79,6 +79,14 @@ class RedisCommits(RedisStoreBase):
         """
         if not changes:
             return []
+        if len(changes) == 1:
+            # One change applies or not either way: the all-or-nothing commit, which
+            # recognises a lost reply from the record itself, without a reply to keep.
+            try:
+                self.commit_many(changes)
+            except StaleRecord:
+                return [False]
+            return [True]
         write_id = new_token()
         args: list[Any] = [self.keyspace, write_id, "each", self._done_ttl(), len(changes)]
         for change in changes:
