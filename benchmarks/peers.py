@@ -32,6 +32,41 @@ Redis (one local server, ``--url``; every run on fresh keys, deleted afterwards)
   caps unacknowledged messages, each still comes with its own ``BRPOP``, so the consume
   phase is the single one's.
 
+RabbitMQ (one local server, ``--amqp-url``; the sides are in ``peers_rabbitmq.py``; every
+run on a queue of its own name, deleted afterwards; persistent messages on durable
+queues, publisher confirms on, so a publish returns once the broker has the message on
+disk; a message still in the queue once its consumer is gone fails the side):
+
+* ``rabbitmq:iqbridge``: ``queue.put`` per message, then ``queue.get`` and
+  ``delivery.done`` per message, on ``amqp://...`` with the SQLite index in a fresh file
+  (``index=sqlite:///<file>``, ``synchronous=full``); the adapter's defaults (publisher
+  confirms, prefetch 256, ``basic.ack`` per done).
+* ``rabbitmq:iqbridge-batch``: ``queue.put_many`` in chunks of ``--batch`` (the adapter
+  publishes a chunk with its confirms awaited a window at a time, not one by one), then
+  ``queue.get_many(subscriber, --batch)`` and ``batch.done()`` (one index commit; the
+  adapter acknowledges with ``multiple`` where the batch's delivery tags allow).
+* ``rabbitmq:faststream``: FastStream's ``RabbitBroker`` (aio-pika), its default channel
+  (``Channel(publisher_confirms=True)``, no prefetch limit): ``broker.publish(body,
+  queue=RabbitQueue(name, durable=True), persist=True)`` per message, each awaiting its
+  confirm; a subscriber handler per message, acknowledged by FastStream after the
+  handler returns (its default ``AckPolicy.REJECT_ON_ERROR``: ``basic.ack`` on success).
+  The consume phase ends when the last message is acknowledged and one round trip on its
+  channel has followed. There is no ``rabbitmq:faststream-batch``: FastStream's RabbitMQ
+  side has no batch path (``publish_batch`` raises "RabbitMQ doesn't support publishing
+  in batches", and its RabbitMQ subscriber has no ``batch`` option).
+* ``rabbitmq:kombu``: Kombu with py-amqp (``amqp://``), ``transport_options=
+  {"confirm_publish": True}`` (each publish waits for its confirm): ``producer.publish(
+  body, routing_key=name, delivery_mode=2)`` per message on the default exchange to a
+  durable ``Queue``; a ``Consumer`` (no prefetch limit, Kombu's default) callback that
+  calls ``message.ack()``, driven by ``connection.drain_events``, its ``basic_consume``
+  after the publish phase; the consume phase ends with one round trip on the consumer's
+  channel after the last ack. There is no ``rabbitmq:kombu-batch``: ``producer.batch()``
+  defers publishes only on transports that implement it (Redis); on py-amqp it publishes
+  each message at once, so it would measure this side again.
+
+A prefetch of 100 for FastStream and Kombu measured the same as no limit (20,000
+messages, two rounds each: within 3 %).
+
 SQLite (a fresh file in a temporary directory per run):
 
 * ``sqlite:iqbridge`` and ``sqlite:iqbridge-batch``: the same calls as on Redis, on
@@ -60,7 +95,8 @@ backend, iqbridge's best path's rate over the best peer's, and the last line is
 both an iqbridge side and a peer measured. The exit code is 1 when a side failed.
 
 Usage: python benchmarks/peers.py [--messages N] [--rounds R] [--batch B]
-       [--url redis://127.0.0.1:6379/0] [--only SIDE[,SIDE...]]
+       [--url redis://127.0.0.1:6379/0] [--amqp-url amqp://guest:guest@127.0.0.1:5672/%2F]
+       [--only SIDE[,SIDE...]]
 """
 
 from __future__ import annotations
@@ -83,6 +119,7 @@ from typing import Any
 import iqbridge
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 BODY_SIZE = 100
 #: Seconds a consumer waits for the next message before the run is declared stalled.
 STALL = 10.0
@@ -153,6 +190,7 @@ class Config:
     batch: int
     url: str
     tmp: Path
+    amqp_url: str = DEFAULT_AMQP_URL
 
 
 @dataclass(frozen=True)
@@ -190,7 +228,7 @@ class Outcome:
         return statistics.median(self.rates) if self.rates and not self.failed else None
 
 
-def _chunks(items: Sequence[bytes], size: int) -> Iterator[Sequence[bytes]]:
+def chunks(items: Sequence[bytes], size: int) -> Iterator[Sequence[bytes]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
@@ -249,8 +287,9 @@ def _iq_sqlite(cfg: Config) -> Iterator[iqbridge.Hub]:
             Path(f"{path}{extra}").unlink(missing_ok=True)
 
 
-def _iq_single(hub: iqbridge.Hub, cfg: Config) -> Timing:
-    queue = hub.queue("bench")
+def iq_single(hub: iqbridge.Hub, cfg: Config, name: str = "bench") -> Timing:
+    """put per message, then get and done per message, on ``hub``'s queue ``name``."""
+    queue = hub.queue(name)
     queue.subscribe("s1")
     bodies = make_bodies(cfg.n)
     tally = Tally(cfg.n)
@@ -271,8 +310,9 @@ def _iq_single(hub: iqbridge.Hub, cfg: Config) -> Timing:
     return Timing(published - start, consumed - published)
 
 
-def _iq_batch(hub: iqbridge.Hub, cfg: Config) -> Timing:
-    queue = hub.queue("bench")
+def iq_batch(hub: iqbridge.Hub, cfg: Config, name: str = "bench") -> Timing:
+    """put_many in chunks, then get_many and batch.done, on ``hub``'s queue ``name``."""
+    queue = hub.queue(name)
     get_many: Callable[..., Any] | None = getattr(queue, "get_many", None)
     if get_many is None:
         raise BenchError(
@@ -283,7 +323,7 @@ def _iq_batch(hub: iqbridge.Hub, cfg: Config) -> Timing:
     bodies = make_bodies(cfg.n)
     tally = Tally(cfg.n)
     start = time.perf_counter()
-    for chunk in _chunks(bodies, cfg.batch):
+    for chunk in chunks(bodies, cfg.batch):
         queue.put_many(chunk)
     published = time.perf_counter()
     while tally.count < cfg.n:
@@ -302,22 +342,22 @@ def _iq_batch(hub: iqbridge.Hub, cfg: Config) -> Timing:
 
 def iq_redis_single(cfg: Config) -> Timing:
     with _iq_redis(cfg) as hub:
-        return _iq_single(hub, cfg)
+        return iq_single(hub, cfg)
 
 
 def iq_redis_batch(cfg: Config) -> Timing:
     with _iq_redis(cfg) as hub:
-        return _iq_batch(hub, cfg)
+        return iq_batch(hub, cfg)
 
 
 def iq_sqlite_single(cfg: Config) -> Timing:
     with _iq_sqlite(cfg) as hub:
-        return _iq_single(hub, cfg)
+        return iq_single(hub, cfg)
 
 
 def iq_sqlite_batch(cfg: Config) -> Timing:
     with _iq_sqlite(cfg) as hub:
-        return _iq_batch(hub, cfg)
+        return iq_batch(hub, cfg)
 
 
 # --- FastStream ---------------------------------------------------------------------------
@@ -371,7 +411,7 @@ async def _faststream(cfg: Config, batch: bool) -> Timing:
         await client.xgroup_create(stream, group, id="0", mkstream=True)
         start = time.perf_counter()
         if batch:
-            for chunk in _chunks(bodies, cfg.batch):
+            for chunk in chunks(bodies, cfg.batch):
                 async with client.pipeline() as pipe:
                     for body in chunk:
                         await broker.publish(body, stream=stream, pipeline=pipe)
@@ -510,6 +550,36 @@ def persist_queue(cfg: Config) -> Timing:
     return Timing(published - start, consumed - published)
 
 
+# --- RabbitMQ (benchmarks/peers_rabbitmq.py) ----------------------------------------------
+
+
+def _rabbitmq(name: str) -> Callable[[Config], Timing]:
+    """The RabbitMQ side ``name`` of peers_rabbitmq, imported when it first runs."""
+
+    def run(cfg: Config) -> Timing:
+        import peers_rabbitmq
+
+        side: Callable[[Config], Timing] = getattr(peers_rabbitmq, name)
+        return side(cfg)
+
+    run.__name__ = name
+    return run
+
+
+#: What every RabbitMQ side needs: pika (the adapter's driver; the clean-up uses it too).
+_AMQP = ("pika",)
+
+
+def _rabbitmq_unreachable(url: str) -> str | None:
+    """Why the RabbitMQ at ``url`` cannot be used, or None when it answers."""
+    if importlib.util.find_spec("pika") is None:
+        return "pika is not installed (pip install -e '.[rabbitmq]')"
+    import peers_rabbitmq
+
+    why = peers_rabbitmq.unreachable(url)
+    return f"RabbitMQ at {url} is not reachable: {why}" if why else None
+
+
 SIDES: tuple[Side, ...] = (
     Side("redis:iqbridge", "redis", "iqbridge", iq_redis_single, ("redis",)),
     Side("redis:iqbridge-batch", "redis", "iqbridge", iq_redis_batch, ("redis",)),
@@ -517,6 +587,16 @@ SIDES: tuple[Side, ...] = (
     Side("redis:faststream-batch", "redis", "faststream", faststream_batch, ("faststream",)),
     Side("redis:kombu", "redis", "kombu", kombu_single, ("kombu",)),
     Side("redis:kombu-batch", "redis", "kombu", kombu_batch, ("kombu",)),
+    Side("rabbitmq:iqbridge", "rabbitmq", "iqbridge", _rabbitmq("iq_rabbitmq_single"), _AMQP),
+    Side("rabbitmq:iqbridge-batch", "rabbitmq", "iqbridge", _rabbitmq("iq_rabbitmq_batch"), _AMQP),
+    Side(
+        "rabbitmq:faststream",
+        "rabbitmq",
+        "faststream",
+        _rabbitmq("faststream_single"),
+        ("faststream", "aio_pika", *_AMQP),
+    ),
+    Side("rabbitmq:kombu", "rabbitmq", "kombu", _rabbitmq("kombu_single"), ("kombu", *_AMQP)),
     Side("sqlite:iqbridge", "sqlite", "iqbridge", iq_sqlite_single),
     Side("sqlite:iqbridge-batch", "sqlite", "iqbridge", iq_sqlite_batch),
     Side("sqlite:persist-queue", "sqlite", "persist-queue", persist_queue, ("persistqueue",)),
@@ -549,7 +629,7 @@ def select(only: str | None) -> list[Side]:
 def _missing(side: Side) -> str | None:
     for module in side.needs:
         if importlib.util.find_spec(module) is None:
-            extra = "redis" if module == "redis" else "bench"
+            extra = {"redis": "redis", "pika": "rabbitmq"}.get(module, "bench")
             return f"{module} is not installed (pip install -e '.[{extra}]')"
     return None
 
@@ -562,7 +642,9 @@ def report_ratios(outcomes: Sequence[Outcome]) -> list[float]:
     """Print each backend's iqbridge-to-best-peer ratio; return the ratios computed."""
     ratios: list[float] = []
     print("iqbridge's best path / the best peer, per backend (medians)")
-    for backend in dict.fromkeys(o.side.backend for o in outcomes):
+    backends = dict.fromkeys(o.side.backend for o in outcomes)
+    width = max(7, *(len(b) + 1 for b in backends))
+    for backend in backends:
         mine = [o for o in outcomes if o.side.backend == backend]
         iq = [o for o in mine if o.side.is_iqbridge and o.median is not None]
         peers = [o for o in mine if not o.side.is_iqbridge and o.median is not None]
@@ -570,13 +652,13 @@ def report_ratios(outcomes: Sequence[Outcome]) -> list[float]:
         best_peer = max(peers, key=lambda o: o.median or 0.0, default=None)
         if best_iq is None or best_peer is None:
             missing = "no iqbridge side measured" if best_iq is None else "no peer measured"
-            print(f"  {backend:<7}{missing}")
+            print(f"  {backend:<{width}}{missing}")
             continue
         assert best_iq.median is not None and best_peer.median is not None
         ratio = best_iq.median / best_peer.median
         ratios.append(ratio)
         print(
-            f"  {backend:<7}{best_iq.side.name} {_fmt(best_iq.median)} / "
+            f"  {backend:<{width}}{best_iq.side.name} {_fmt(best_iq.median)} / "
             f"{best_peer.side.name} {_fmt(best_peer.median)} = {ratio:.2f}"
         )
     return ratios
@@ -608,6 +690,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--batch", type=int, default=500, metavar="B", help="chunk and batch size (500)"
     )
     parser.add_argument("--url", default=DEFAULT_URL, help=f"the Redis ({DEFAULT_URL})")
+    parser.add_argument(
+        "--amqp-url",
+        default=DEFAULT_AMQP_URL,
+        help=f"the RabbitMQ ({DEFAULT_AMQP_URL.replace('%', '%%')})",
+    )
     parser.add_argument("--only", metavar="SIDE[,SIDE...]", help="run these sides only")
     args = parser.parse_args(argv)
     if args.messages < 1 or args.rounds < 1 or args.batch < 1:
@@ -615,19 +702,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcomes = [Outcome(side) for side in select(args.only)]
     for outcome in outcomes:
         outcome.skipped = _missing(outcome.side)
-    if any(o.side.backend == "redis" and not o.skipped for o in outcomes):
-        why = _redis_unreachable(args.url)
-        for o in outcomes:
-            if why and o.side.backend == "redis" and not o.skipped:
-                o.failed = why
+    for backend, url, check in (
+        ("redis", args.url, _redis_unreachable),
+        ("rabbitmq", args.amqp_url, _rabbitmq_unreachable),
+    ):
+        if any(o.side.backend == backend and not o.skipped for o in outcomes):
+            why = check(url)
+            for o in outcomes:
+                if why and o.side.backend == backend and not o.skipped:
+                    o.failed = why
     print(
         f"peers: {args.messages:,} messages of {BODY_SIZE} B, one subscriber, publish all "
         f"then consume all (an ack each), batch {args.batch}, {args.rounds} round(s), "
         f"Redis at {args.url}"
+        + (
+            f", RabbitMQ at {args.amqp_url}"
+            if any(o.side.backend == "rabbitmq" for o in outcomes)
+            else ""
+        )
     )
     width = max(len(o.side.name) for o in outcomes)
     with tempfile.TemporaryDirectory(prefix="iq-peers-") as tmp:
-        cfg = Config(args.messages, args.batch, args.url, Path(tmp))
+        cfg = Config(args.messages, args.batch, args.url, Path(tmp), args.amqp_url)
         for round_no in range(1, args.rounds + 1):
             print(f"round {round_no}/{args.rounds}")
             for o in outcomes:
@@ -670,4 +766,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # peers_rabbitmq imports its shared pieces from `peers`: let that name be this module
+    # rather than a second copy of it.
+    sys.modules.setdefault("peers", sys.modules[__name__])
     sys.exit(main())

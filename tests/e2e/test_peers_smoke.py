@@ -8,6 +8,7 @@ compare with instead of inventing a ratio.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -22,7 +23,33 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "peers.py"
 RATE = r"\s+[\d,]+ msg/s  \(publish \d+\.\d\d s, consume \d+\.\d\d s\)"
 #: What the bench extra brings (pip install -e '.[bench]').
-PEER_MODULES = ("faststream", "kombu", "persistqueue")
+PEER_MODULES = ("faststream", "kombu", "persistqueue", "aio_pika", "pika")
+AMQP_URL = os.environ.get("IQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+
+
+def rabbitmq_reachable() -> tuple[bool, str]:
+    """Whether the RabbitMQ at AMQP_URL accepts a connection, and why not."""
+    import pika
+    import pika.exceptions
+
+    params = pika.URLParameters(AMQP_URL)
+    params.socket_timeout = 2
+    params.connection_attempts = 1
+    try:
+        pika.BlockingConnection(params).close()
+    except (OSError, pika.exceptions.AMQPError) as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    return True, ""
+
+
+def need_bench_extra() -> None:
+    """Skip (locally) or fail (in CI) when the peers are not installed."""
+    missing = [m for m in PEER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        text = f"the bench extra is not installed ({', '.join(missing)}): pip install -e '.[bench]'"
+        if IN_CI:
+            pytest.fail(f"{text} (CI=true: the peers benchmark may not be skipped)")
+        pytest.skip(text)
 
 
 def run_peers(*args: str) -> list[str]:
@@ -55,7 +82,12 @@ def test_iqbridge_sides_without_a_peer_on_sqlite() -> None:
 @pytest.mark.redis
 def test_iqbridge_sides_without_a_peer_on_both_backends() -> None:
     need_server(f"Redis at {REDIS_URL}", *redis_reachable())
-    lines = run_peers("--url", REDIS_URL, "--only", "iqbridge")
+    lines = run_peers(
+        "--url",
+        REDIS_URL,
+        "--only",
+        "redis:iqbridge,redis:iqbridge-batch,sqlite:iqbridge,sqlite:iqbridge-batch",
+    )
     for side in ("redis:iqbridge", "redis:iqbridge-batch"):
         assert_measured(lines, side)
     for side in ("sqlite:iqbridge", "sqlite:iqbridge-batch"):
@@ -67,14 +99,9 @@ def test_iqbridge_sides_without_a_peer_on_both_backends() -> None:
 
 @pytest.mark.redis
 def test_every_side_with_the_bench_extra() -> None:
-    missing = [m for m in PEER_MODULES if importlib.util.find_spec(m) is None]
-    if missing:
-        text = f"the bench extra is not installed ({', '.join(missing)}): pip install -e '.[bench]'"
-        if IN_CI:
-            pytest.fail(f"{text} (CI=true: the peers benchmark may not be skipped)")
-        pytest.skip(text)
+    need_bench_extra()
     need_server(f"Redis at {REDIS_URL}", *redis_reachable())
-    lines = run_peers("--url", REDIS_URL)
+    lines = run_peers("--url", REDIS_URL, "--only", "redis,sqlite")
     for side in (
         "redis:iqbridge",
         "redis:iqbridge-batch",
@@ -94,3 +121,32 @@ def test_every_side_with_the_bench_extra() -> None:
     assert match, lines
     smallest = min(float(line.rsplit("= ", 1)[1]) for line in per_backend)
     assert float(match.group(1)) == smallest
+
+
+@pytest.mark.rabbitmq
+def test_iqbridge_sides_without_a_peer_on_rabbitmq() -> None:
+    need_server(f"RabbitMQ at {AMQP_URL}", *rabbitmq_reachable())
+    lines = run_peers("--amqp-url", AMQP_URL, "--only", "rabbitmq:iqbridge,rabbitmq:iqbridge-batch")
+    assert_measured(lines, "rabbitmq:iqbridge")
+    assert_measured(lines, "rabbitmq:iqbridge-batch")
+    assert not any(re.match(r"  (redis|sqlite):", line) for line in lines)
+    assert "  rabbitmq no peer measured" in lines
+    assert lines[-1] == "ratio=none"
+
+
+@pytest.mark.rabbitmq
+def test_every_rabbitmq_side_with_the_bench_extra() -> None:
+    need_bench_extra()
+    need_server(f"RabbitMQ at {AMQP_URL}", *rabbitmq_reachable())
+    lines = run_peers("--amqp-url", AMQP_URL, "--only", "rabbitmq")
+    for side in (
+        "rabbitmq:iqbridge",
+        "rabbitmq:iqbridge-batch",
+        "rabbitmq:faststream",
+        "rabbitmq:kombu",
+    ):
+        assert_measured(lines, side)
+    assert not any("skipped" in line or "FAILED" in line for line in lines)
+    per_backend = [line for line in lines if re.match(r"  rabbitmq .* = \d+\.\d\d$", line)]
+    assert len(per_backend) == 1, lines
+    assert lines[-1] == f"ratio={per_backend[0].rsplit('= ', 1)[1]}"
