@@ -16,6 +16,7 @@ from iqbridge.batch import Batch, Settled
 from iqbridge.delivery import Delivery
 from iqbridge.errors import (
     AudienceError,
+    BrokerRefused,
     BrokerUnavailable,
     ConcurrentUpdate,
     ConfigurationError,
@@ -56,6 +57,7 @@ __all__ = [
     "AudienceError",
     "Batch",
     "Browse",
+    "BrokerRefused",
     "BrokerUnavailable",
     "ConcurrentUpdate",
     "ConfigurationError",

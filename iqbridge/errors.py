@@ -32,6 +32,7 @@ from __future__ import annotations
 
 __all__ = [
     "AudienceError",
+    "BrokerRefused",
     "BrokerUnavailable",
     "ConcurrentUpdate",
     "ConfigurationError",
@@ -83,6 +84,11 @@ class ConnectionError(IQError):
 
 class BrokerUnavailable(ConnectionError):
     """The broker behind an adapter cannot be reached."""
+
+
+class BrokerRefused(IQError):
+    """The broker answered but did not take a message: it nacked a publish, or returned
+    it because no queue matched its routing. Nothing was stored; the put raised."""
 
 
 class IndexUnavailable(ConnectionError):

@@ -266,6 +266,7 @@ class MessageRecord:
             parents=self.parents,
             put_at=self.created_at,
             groups=tuple(dict.fromkeys(m.pool or m.subscriber for m in self.members.values())),
+            expires_at=self.expires_at,
         )
 
     def due_at(self) -> int | None:
@@ -328,6 +329,9 @@ class Envelope:
     #: The consumer groups the message is addressed to (its named subscribers and pools);
     #: a native-group broker may let every other group pass over it. Empty: all groups.
     groups: tuple[str, ...] = ()
+    #: When the put's time limit (``ttl``) ends, in microseconds since the epoch, or None.
+    #: A broker with per-message expiry may drop the message from then on.
+    expires_at: int | None = None
 
     def payload(self) -> object:
         """The decoded payload (bytes, str or a JSON value, by content type)."""

@@ -146,6 +146,7 @@ class Putting(Subscribing):
                     parents=parent_ids,
                     put_at=now,
                     groups=groups,
+                    expires_at=expires_at,
                 )
             )
             changes.append(

@@ -27,6 +27,8 @@ ADAPTERS: dict[str, tuple[str, str | None]] = {
     "sqlite": ("iqbridge.adapters.sqlite:SqliteAdapter", None),
     "redis": ("iqbridge.adapters.redis_streams:RedisStreamsAdapter", "redis"),
     "rediss": ("iqbridge.adapters.redis_streams:RedisStreamsAdapter", "redis"),
+    "amqp": ("iqbridge.adapters.rabbitmq:RabbitMQAdapter", "rabbitmq"),
+    "amqps": ("iqbridge.adapters.rabbitmq:RabbitMQAdapter", "rabbitmq"),
 }
 
 STORES: dict[str, tuple[str, str | None]] = {
