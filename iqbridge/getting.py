@@ -16,7 +16,7 @@ from iqbridge.engine import Change
 from iqbridge.errors import ConcurrentUpdate, IllegalTransition, InvalidArgument, LockedError
 from iqbridge.housekeeping import Housekeeping
 from iqbridge.ids import adopted_id, new_token
-from iqbridge.model import MessageRecord, Received, Retained, check_name
+from iqbridge.model import Audience, MessageRecord, Received, Retained, check_name
 from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH, to_seconds
 from iqbridge.settling import Settling
 from iqbridge.states import IN_DOUBT, TERMINAL, SubscriberState
@@ -463,7 +463,7 @@ class Getting(Settling, Housekeeping):
         """Track a message put by a client that knows nothing of iqbridge."""
         env = received.envelope
         msg_id = env.msg_id or adopted_id(self._adapter.url, self.name, received.native_ref)
-        audience = self._subscriptions().audience().validate()
+        audience = self._adopted_audience(env.groups)
         change = engine.new_message(
             msg_id=msg_id,
             queue=self.name,
@@ -483,3 +483,15 @@ class Getting(Settling, Housekeeping):
         with contextlib.suppress(StaleRecord):  # another consumer adopted it first
             self._store.commit(change)
         return self._store.load(msg_id)
+
+    def _adopted_audience(self, groups: Sequence[str]) -> Audience:
+        """Who a stranger's message is for: the queue's standing audience, or, where the
+        broker says which groups it reached (a RabbitMQ queue holds one group's messages),
+        the subscribers and pools of those groups only: the others never see it."""
+        subs = self._subscriptions(fresh=bool(groups))
+        if not groups:
+            return subs.audience().validate()
+        pools = tuple(p for g in groups if (p := subs.pool(g)) is not None)
+        pooled = {p.name for p in pools}
+        named = tuple(g for g in groups if g not in pooled)
+        return Audience(named, pools).validate()
