@@ -264,6 +264,7 @@ class RabbitMQAdapter:
                     self._params,
                     prefetch=self.prefetch,
                     on_delivery=self._on_delivery,
+                    on_cancel=self._on_cancel,
                     connect_timeout=self.connect_timeout,
                 )
             except LinkLost as exc:
@@ -331,6 +332,16 @@ class RabbitMQAdapter:
             slot.ready[min(max(prio, 0), 9)].append(msg)
             self._outstanding[tag] = msg
             self._lock.notify_all()
+
+    def _on_cancel(self, consumer_tag: str) -> None:
+        """The broker cancelled a consumer: its queue was deleted behind our back. The
+        next receive declares the queue again and consumes anew."""
+        with self._lock:
+            slot = self._by_consumer_tag.pop(consumer_tag, None)
+            if slot is not None:
+                log.warning("RabbitMQ queue %r was deleted; declaring it again", slot.name)
+                slot.consumer_tag = ""
+                self._declared.discard((slot.queue, slot.group))
 
     # --- the Adapter protocol ------------------------------------------------------
 
@@ -505,7 +516,17 @@ class RabbitMQAdapter:
                 # Registered before the consumer starts: deliveries may come at once.
                 tag = f"iq-{uuid.uuid4().hex}"
                 self._by_consumer_tag[tag] = slot
-            waiting = link.ready_count(slot.name, timeout=self.confirm_timeout)
+            try:
+                waiting = link.ready_count(slot.name, timeout=self.confirm_timeout)
+            except ChannelError as exc:
+                if exc.code != 404:
+                    raise BrokerUnavailable(
+                        f"RabbitMQ at {self.url} refused queue {slot.name!r}: {exc}"
+                    ) from exc
+                # Deleted behind our back: declare it again (bound, so new puts reach it).
+                self._declared.discard((queue, group))
+                self.declare(queue, [group])
+                waiting = link.ready_count(slot.name, timeout=self.confirm_timeout)
             link.consume(slot.name, tag, timeout=self.confirm_timeout)
             with self._lock:
                 slot.consumer_tag = tag

@@ -96,12 +96,14 @@ class Link:
         *,
         prefetch: int,
         on_delivery: OnDelivery,
+        on_cancel: Callable[[str], None],
         connect_timeout: float,
         name: str = "iqbridge",
     ) -> None:
         self.generation = next(_generations)
         self.prefetch = prefetch
         self._on_delivery = on_delivery
+        self._on_cancel = on_cancel
         self._opened: Future[None] = Future()
         self._closed = threading.Event()
         self.close_reason = ""
@@ -109,6 +111,8 @@ class Link:
         self._sub: Channel | None = None
         self._ctl: Channel | None = None
         self._ctl_waiting: set[Future[Any]] = set()
+        #: Control calls made while the control channel reopens, run once it is open.
+        self._ctl_deferred: list[Callable[[], None]] = []
         #: Every future a caller may wait on, failed with LinkLost if the link goes.
         self._waiting: set[Future[Any]] = set()
         #: Publisher confirms: the next delivery tag and the futures by tag.
@@ -159,6 +163,7 @@ class Link:
                     ch.confirm_delivery(self._on_confirm, callback=lambda _f: ready("pub"))
                     ch.add_on_return_callback(self._on_return)
                 elif which == "sub":
+                    ch.add_on_cancel_callback(self._cancelled)
                     ch.basic_qos(prefetch_count=self.prefetch, callback=lambda _f: ready("sub"))
                 else:
                     ready("ctl")
@@ -210,6 +215,9 @@ class Link:
             def reopened(new: Channel) -> None:
                 self._ctl = new
                 new.add_on_close_callback(self._on_channel_close)
+                deferred, self._ctl_deferred = self._ctl_deferred, []
+                for begin in deferred:
+                    begin()
 
             self._conn.channel(on_open_callback=reopened)
             return
@@ -219,6 +227,12 @@ class Link:
         log.warning("AMQP %s; reconnecting", why)
         self.close_reason = why
         self._conn.close()
+
+    def _cancelled(self, frame: Any) -> None:
+        """The broker cancelled a consumer (its queue was deleted)."""
+        tag = frame.method.consumer_tag
+        self.consumers.pop(tag, None)
+        self._on_cancel(tag)
 
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
@@ -268,16 +282,22 @@ class Link:
         """Run ``start(future)`` on the I/O thread; wait until it completes the future."""
         fut: Future[Any] = Future()
 
-        def run() -> None:
-            self._waiting.add(fut)
-            if ctl:
-                self._ctl_waiting.add(fut)
-            fut.add_done_callback(self._forget)
+        def begin() -> None:
             try:
                 start(fut)
             except Exception as exc:
                 if not fut.done():
                     fut.set_exception(exc)
+
+        def run() -> None:
+            self._waiting.add(fut)
+            fut.add_done_callback(self._forget)
+            if ctl:
+                self._ctl_waiting.add(fut)
+                if self._ctl is None:  # reopening after a refused declaration: queue up
+                    self._ctl_deferred.append(begin)
+                    return
+            begin()
 
         self._submit(run)
         try:
