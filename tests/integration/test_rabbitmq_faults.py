@@ -620,3 +620,52 @@ def test_a_nacked_publish_raises_and_is_withdrawn(
     assert d is not None and d.msg_id == kept
     d.done()
     assert q.get("b", timeout=0.5) is None
+
+
+def test_a_queue_declared_before_with_other_arguments_is_used_as_it_is(
+    refusing: tuple[iqbridge.Hub, iqbridge.Queue, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An application declared the group's queue before iqbridge, without x-max-priority
+    or a dead-letter exchange: RabbitMQ refuses iqbridge's declaration (406); iqbridge
+    warns, binds the queue as it is and works on it."""
+    hub, q, _prefix = refusing
+    adapter = hub.adapter
+    assert isinstance(adapter, RabbitMQAdapter)
+    name = adapter.queue_name("orders", "c")
+    conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        conn.channel().queue_declare(name, durable=True)
+        with caplog.at_level(logging.WARNING):
+            msg_id = q.put("onto the old queue", to=["c"])
+        assert any("exists with other arguments" in r.getMessage() for r in caplog.records)
+        d = q.get("c", timeout=2)
+        assert d is not None and (d.msg_id, d.body) == (msg_id, b"onto the old queue")
+        d.done()
+    finally:
+        conn.channel().queue_delete(name)
+        conn.close()
+
+
+def test_a_group_queue_deleted_behind_iqbridges_back_is_declared_again(
+    refusing: tuple[iqbridge.Hub, iqbridge.Queue, str],
+) -> None:
+    """Whether its consumer was running (the broker cancels it) or not (the next consume
+    finds no queue), the next get declares the queue again and reads on: no driver
+    error, no consumer left reading nothing."""
+    hub, q, _prefix = refusing
+    adapter = hub.adapter
+    assert isinstance(adapter, RabbitMQAdapter)
+    first = q.put("before", to=["b"])
+    d = q.get("b", timeout=2)
+    assert d is not None and d.msg_id == first
+    d.done()
+    conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        conn.channel().queue_delete(adapter.queue_name("orders", "b"))
+    finally:
+        conn.close()
+    assert q.get("b", timeout=0.5) is None  # declares it again
+    after = q.put("after", to=["b"])
+    d = q.get("b", timeout=2)
+    assert d is not None and d.msg_id == after
+    d.done()
