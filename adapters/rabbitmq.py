@@ -95,6 +95,7 @@ _OWN_OPTIONS = frozenset(
         "retry_for",
         "connect_timeout",
         "confirm_timeout",
+        "single_active",
     }
 )
 _PIKA_OPTIONS = frozenset(
@@ -131,6 +132,7 @@ class RabbitMQAdapter:
         retry_for: float = 30.0,
         connect_timeout: float = 10.0,
         confirm_timeout: float = 30.0,
+        single_active: bool = False,
     ) -> None:
         from iqbridge.registry import redact
 
@@ -143,12 +145,14 @@ class RabbitMQAdapter:
         self.retry_for = retry_for
         self.connect_timeout = connect_timeout
         self.confirm_timeout = confirm_timeout
+        self.single_active = single_active
         self.capabilities = Capabilities(
             native_groups=True,
             read_by_ref=False,
             retains_after_ack=False,
             native_priority=self.max_priority > 0,
             max_payload_bytes=_MAX_PAYLOAD,
+            single_active_groups=single_active,
         )
         self._lock = threading.Condition(threading.RLock())
         self._connect_lock = threading.Lock()
@@ -205,6 +209,11 @@ class RabbitMQAdapter:
             raise ConfigurationError(
                 f"RabbitMQ URL {safe}: max_priority must be 0 (none) to 9, not {max_priority}"
             )
+        single_active = opts.get("single_active", "false").lower()
+        if single_active not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise ConfigurationError(
+                f"RabbitMQ URL {safe}: single_active must be true or false, not {single_active!r}"
+            )
         pika_query = urlencode({k: v for k, v in opts.items() if k in _PIKA_OPTIONS})
         try:
             params = pika.URLParameters(urlunsplit(parts._replace(query=pika_query, fragment="")))
@@ -221,6 +230,7 @@ class RabbitMQAdapter:
             retry_for=number("retry_for", 30.0),
             connect_timeout=number("connect_timeout", 10.0, 0.1),
             confirm_timeout=number("confirm_timeout", 30.0, 0.1),
+            single_active=single_active in ("true", "1", "yes", "on"),
         )
         adapter._connected()  # fail fast at start: no long retry
         return adapter
@@ -385,6 +395,8 @@ class RabbitMQAdapter:
             args["x-queue-type"] = "quorum"
         elif self.max_priority:
             args["x-max-priority"] = self.max_priority
+        if self.single_active:
+            args["x-single-active-consumer"] = True
         exchange = self.exchange(queue)
         return [
             lambda ch, cb: ch.queue_declare(name, durable=True, arguments=args, callback=cb),
@@ -735,6 +747,10 @@ class RabbitMQAdapter:
         """Delete the queue's exchange, its dead letters and the queues of ``groups``
         (every group this adapter declared for it when none are named)."""
         names = list(groups) or [g for q, g in self._declared if q == queue and g]
+        with self._lock:  # our consumers on them are cancelled: not a surprise here
+            for key in [k for k in self._slots if k[0] == queue]:
+                slot = self._slots.pop(key)
+                self._by_consumer_tag.pop(slot.consumer_tag, None)
         conn = self._blocking()
         try:
             ch = conn.channel()
@@ -746,9 +762,6 @@ class RabbitMQAdapter:
         finally:
             conn.close()
         self._declared = {(q, g) for q, g in self._declared if q != queue}
-        with self._lock:
-            for key in [k for k in self._slots if k[0] == queue]:
-                del self._slots[key]
 
     def declared(self) -> list[tuple[str, str]]:
         """(queue, group) pairs this adapter declared, ``""`` for a queue's exchange and

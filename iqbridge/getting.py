@@ -175,7 +175,7 @@ class Getting(Settling, Housekeeping):
                     break
             if len(out) >= want:
                 return out
-        if not out:
+        if not out and not self._adapter.capabilities.single_active_groups:
             out = self._claim_read_ahead(subscriber, groups, want, now, owner, lease_until)
         return out
 

@@ -66,3 +66,10 @@ class TestRabbitMQQuorumQueues(TestRabbitMQAdapter):
     """The same contract on quorum queues (no broker priorities: the facade's order)."""
 
     options: ClassVar[dict[str, str]] = {"queue_type": "quorum"}
+
+
+class TestRabbitMQSingleActiveConsumer(TestRabbitMQAdapter):
+    """The same contract with single-active-consumer queues (``?single_active=true``:
+    one process at a time reads a group; the facade claims nothing another holds)."""
+
+    options: ClassVar[dict[str, str]] = {"single_active": "true"}

@@ -160,7 +160,7 @@ def _ordered(args: argparse.Namespace) -> None:
             sys.exit("ordered: a message arrived before the test said go")
         Path(args.ready).write_text(str(pid))
         _wait_file(Path(args.go), 60.0)
-        stats = worker.run(until_idle=args.idle)
+        stats = worker.run(until_idle=args.idle, max_messages=args.max or None)
     print(f"{args.subscriber}: {stats}", file=sys.stderr)
 
 
@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready", help="ordered: written once consuming")
     parser.add_argument("--go", help="ordered: start once this file exists")
     parser.add_argument("--idle", type=float, default=3.0, help="ordered: stop when idle")
+    parser.add_argument(
+        "--max", type=int, default=0, help="ordered: stop (draining) after this many messages"
+    )
     args = parser.parse_args(argv)
     if args.mode == "record":
         _record(args)

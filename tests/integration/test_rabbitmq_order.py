@@ -13,15 +13,16 @@ Asserted: every message processed (committed) exactly once; per key, the commit 
 the put order (0 inversions); and no two messages of a key overlapped: each started only
 after its predecessor's row was written. The index has every member finished.
 
-Marked xfail (strict): the facade does not do this yet. RabbitMQ hands a pool's messages
-round-robin to the consumers of its members' processes; a member that finds its own
-consumer empty claims, through the index, messages another process read ahead, after it
-has already handled later messages of the same key that the broker gave it, so even one
-process's Worker sees a key out of put order (a second process merely consuming is
-enough). And no broker keeps a key in order across the processes of one pool: on the
-embedded SQLite queue the same test counts a few dozen inversions, none within one
-process. The test prints its figures either way; once ordering across the processes of
-a pool exists, the xfail mark goes.
+The pool's queues are declared with RabbitMQ's single active consumer
+(``?single_active=true``): the broker delivers a pool's messages to one process at a time,
+the others stand by (and take over if it goes), and the facade does not claim through the
+index what the active process holds read ahead. Each process stops after about
+``HAND_OVER`` messages, draining (it finishes what it holds and closes; what it had
+prefetched goes back to the head of the queue), and a standby takes over: the key order
+holds across those hand-overs. Without single active consumers, RabbitMQ hands a pool's
+messages round-robin to the processes, and no broker keeps a key in order across the
+processes of one pool (the Worker's guarantee is per process): this test then counted
+700-785 inversions in six runs.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ MEMBERS = ("w0", "w1", "w2", "w3")
 QUEUE = "events"
 POOL = "workers"
 LEASE = 10.0
+#: Each process stops (draining: it finishes what it holds, then closes, and RabbitMQ
+#: makes a standby process the active consumer) after about this many messages.
+HAND_OVER = 800
+#: A standby process waits this long for its turn before it gives up.
+IDLE = 20.0
 SCRIPT = Path(__file__).with_name("rabbitmq_consumer.py")
 
 
@@ -61,25 +67,17 @@ class KeyOutOfOrder(AssertionError):
     """Messages of one ordering key processed out of put order (or overlapping)."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KeyOutOfOrder,
-    reason=(
-        "no per-key order across the processes of one pool: RabbitMQ hands a key's "
-        "messages round-robin to the members' processes, and a member's get claims what "
-        "another process read ahead (through the index) after its own later entries, so "
-        "even one process's Worker sees a key out of put order; across processes no "
-        "broker fences a key (the Worker's documented guarantee is per process)"
-    ),
-)
 @pytest.mark.timeout(180)
 def test_four_worker_processes_on_one_pool_keep_every_key_in_put_order(tmp_path: Path) -> None:
     t0 = time.monotonic()
     db = tmp_path / "app.db"
     index = f"sql+sqlite:///{db}"
     go = tmp_path / "go"
-    with fresh_prefix("order") as prefix, iqbridge.connect(url_with(prefix), index=index) as hub:
-        url = url_with(prefix)
+    with (
+        fresh_prefix("order") as prefix,
+        iqbridge.connect(url_with(prefix, single_active="true"), index=index) as hub,
+    ):
+        url = url_with(prefix, single_active="true")
         try:
             queue = hub.queue(QUEUE, lease=LEASE)
             queue.subscribe_pool(POOL, list(MEMBERS))
@@ -98,7 +96,8 @@ def test_four_worker_processes_on_one_pool_keep_every_key_in_put_order(tmp_path:
                 cmd = [sys.executable, str(SCRIPT), "ordered", "--url", url, "--index", index]
                 cmd += ["--app", str(db), "--queue", QUEUE, "--subscriber", member]
                 cmd += ["--group", POOL, "--lease", str(LEASE), "--threads", "4"]
-                cmd += ["--batch", "16", "--idle", "4", "--ready", str(tmp_path / member)]
+                cmd += ["--batch", "16", "--idle", str(IDLE), "--max", str(HAND_OVER)]
+                cmd += ["--ready", str(tmp_path / member)]
                 cmd += ["--go", str(go)]
                 procs[member] = subprocess.Popen(
                     cmd, stderr=(tmp_path / f"{member}.stderr").open("wb")
@@ -140,7 +139,8 @@ def test_four_worker_processes_on_one_pool_keep_every_key_in_put_order(tmp_path:
         assert set(counts) == set(ids), "lost (or a row for a message nobody put)"
         assert all((r.okey, r.seq) == ids[r.msg_id] for r in rows)
         by_member = Counter(r.member for r in rows)
-        assert len(by_member) >= 2, f"no competition: {by_member}"
+        # One process active at a time, each handing over after HAND_OVER messages.
+        assert len(by_member) >= 3, f"no hand-over between processes: {by_member}"
 
         # Per key, the commit order (row id) is the put order, and no overlap.
         per_key: dict[str, list[sa.Row[tuple[object, ...]]]] = defaultdict(list)
@@ -163,7 +163,7 @@ def test_four_worker_processes_on_one_pool_keep_every_key_in_put_order(tmp_path:
         print(
             f"\nRabbitMQ ordered workers: {N} messages, {KEYS} keys, 4 processes x 4 threads "
             f"(per process {dict(sorted(by_member.items()))}); put {put_s:.1f} s, "
-            f"processed by {run_s:.1f} s (4 s idle exit included); {inversions} inversions "
+            f"processed by {run_s:.1f} s ({IDLE:g} s idle exit included); {inversions} inversions "
             f"({in_one_process} of them within one process's Worker), "
             f"{overlaps} overlaps, {switches} hand-overs of a key between processes; "
             f"elapsed {time.monotonic() - t0:.1f} s"
