@@ -56,6 +56,9 @@ from pathlib import Path
 from typing import Any
 
 import pika
+
+# The same body, checks and timing as the peers benchmark (a script beside this one).
+from peers import BenchError, Tally, Timing, make_body
 from pika import spec
 
 import iqbridge
@@ -65,51 +68,6 @@ BODY_SIZE = 100
 #: Seconds without progress after which a run is declared stalled.
 STALL = 10.0
 SUBSCRIBER = "s"
-
-
-class BenchError(Exception):
-    """A side could not do the work, or did it wrong."""
-
-
-def make_body(i: int) -> bytes:
-    """Message i's 100 bytes: its index in ten digits, ten times over."""
-    return b"%010d" % i * (BODY_SIZE // 10)
-
-
-class Tally:
-    """Checks each body once: intact, every index exactly once, none missing."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.count = 0
-        self._seen = bytearray(n)
-
-    def check(self, body: bytes) -> None:
-        try:
-            i = int(body[:10])
-        except ValueError:
-            raise BenchError(f"malformed body {body[:24]!r}") from None
-        if not 0 <= i < self.n or body != make_body(i):
-            raise BenchError(f"corrupt body {body[:24]!r}... ({len(body)} B)")
-        if self._seen[i]:
-            raise BenchError(f"message {i} delivered twice")
-        self._seen[i] = 1
-        self.count += 1
-
-    def finish(self) -> None:
-        if self.count != self.n:
-            raise BenchError(f"{self.n - self.count} of {self.n} messages never arrived")
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Wall time of the two timed phases of one run, in seconds."""
-
-    publish: float
-    consume: float
-
-    def rate(self, n: int) -> float:
-        return n / (self.publish + self.consume)
 
 
 def unreachable(url: str) -> str | None:
