@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -118,7 +119,7 @@ class SqlStoreBase:
             _sqlite_events(self.writer, writer=True)
             _sqlite_events(self.reader, writer=False)
         try:
-            self.instance = ensure_schema(self.writer, self.reader, self.tables, opts)
+            self.instance = self._first_use(family)
         except TypeError as exc:  # an option the driver does not take
             self.close()
             raise ConfigurationError(f"SQL index {self.url}: {exc}") from None
@@ -130,6 +131,23 @@ class SqlStoreBase:
             raise
         self._build_statements()
         _live.add(self)
+
+    def _first_use(self, family: str) -> str:
+        """Create or migrate the schema. On an SQLite file opened by several processes at
+        once, a connection can find the file locked without SQLite's busy handler being
+        asked (switching a new file to WAL, or while another one recovers its WAL index):
+        that is retried for a few seconds, not reported."""
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                return ensure_schema(self.writer, self.reader, self.tables, self.options)
+            except sa.exc.OperationalError as exc:
+                locked = family == "sqlite" and "locked" in str(exc.orig)
+                if not locked or time.monotonic() >= deadline:
+                    raise
+                self.writer.dispose()
+                self.reader.dispose()
+                time.sleep(0.05)
 
     # --- statements ------------------------------------------------------------------------
 
