@@ -8,7 +8,6 @@ compare with instead of inventing a ratio.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import IN_CI, need_server
 
+from tests.rabbitmq_helpers import AMQP_URL, rabbitmq_reachable
 from tests.redis_index_helpers import REDIS_URL, redis_reachable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,22 +24,6 @@ SCRIPT = ROOT / "benchmarks" / "peers.py"
 RATE = r"\s+[\d,]+ msg/s  \(publish \d+\.\d\d s, consume \d+\.\d\d s\)"
 #: What the bench extra brings (pip install -e '.[bench]').
 PEER_MODULES = ("faststream", "kombu", "persistqueue", "aio_pika", "pika")
-AMQP_URL = os.environ.get("IQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
-
-
-def rabbitmq_reachable() -> tuple[bool, str]:
-    """Whether the RabbitMQ at AMQP_URL accepts a connection, and why not."""
-    import pika
-    import pika.exceptions
-
-    params = pika.URLParameters(AMQP_URL)
-    params.socket_timeout = 2
-    params.connection_attempts = 1
-    try:
-        pika.BlockingConnection(params).close()
-    except (OSError, pika.exceptions.AMQPError) as exc:
-        return False, f"{type(exc).__name__}: {exc}"
-    return True, ""
 
 
 def need_bench_extra() -> None:

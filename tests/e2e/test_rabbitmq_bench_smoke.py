@@ -6,7 +6,6 @@ RabbitMQ the script says so and ends with ``ratio=none`` and exit code 0.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -16,9 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import need_server
 
+from tests.rabbitmq_helpers import AMQP_URL, rabbitmq_reachable
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "rabbitmq.py"
-AMQP_URL = os.environ.get("IQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 RATE = r"\s+\d+ msg/s  \(publish \d+\.\d\d s, consume \d+\.\d\d s\)"
 SERIES = (
     "raw pika, confirms per 8",
@@ -26,21 +26,6 @@ SERIES = (
     "iqbridge put+get+done",
     "iqbridge put_many+get_many+done (10)",
 )
-
-
-def rabbitmq_reachable(url: str) -> tuple[bool, str]:
-    """Whether the RabbitMQ at ``url`` accepts a connection, and why not."""
-    import pika
-    import pika.exceptions
-
-    params = pika.URLParameters(url)
-    params.socket_timeout = 2
-    params.connection_attempts = 1
-    try:
-        pika.BlockingConnection(params).close()
-    except (OSError, pika.exceptions.AMQPError) as exc:
-        return False, f"{type(exc).__name__}: {exc}"
-    return True, ""
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -55,7 +40,7 @@ def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.rabbitmq
 def test_rabbitmq_benchmark_prints_rates_and_ratio_last() -> None:
-    need_server(f"RabbitMQ at {AMQP_URL}", *rabbitmq_reachable(AMQP_URL))
+    need_server(f"RabbitMQ at {AMQP_URL}", *rabbitmq_reachable())
     proc = run_bench(
         "--url", AMQP_URL, "--messages", "30", "--runs", "1", "--window", "8", "--batch", "10"
     )
