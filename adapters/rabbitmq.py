@@ -623,11 +623,14 @@ class RabbitMQAdapter:
             msgs, link = self._settle(queue, group, refs)
             if not msgs or link is None:
                 return
-            tags = [m.tag for m in msgs]
-            outstanding = [*self._outstanding, *tags]
             # A lost connection requeued them on the broker: redelivered, and acked then.
             with contextlib.suppress(LinkLost):
-                link.ack(tags, outstanding)
+                link.ack([m.tag for m in msgs], self._lowest_unsettled(len(msgs)))
+
+    def _lowest_unsettled(self, acking: int) -> int | None:
+        """The lowest delivery tag still unsettled (the ones being acknowledged are out
+        of ``_outstanding`` already); not needed, and not looked for, to ack one."""
+        return min(self._outstanding, default=None) if acking > 1 else None
 
     def requeue(self, queue: str, group: str, ref: str) -> None:
         """``basic.nack`` with requeue: the broker delivers it again (to any consumer of
@@ -674,7 +677,7 @@ class RabbitMQAdapter:
             raise
         if link is not None:
             with self._lock, contextlib.suppress(LinkLost):
-                link.ack([m.tag for m in msgs], [*self._outstanding, *(m.tag for m in msgs)])
+                link.ack([m.tag for m in msgs], self._lowest_unsettled(len(msgs)))
 
     def read(self, queue: str, ref: str) -> Envelope | None:
         """None: RabbitMQ cannot read a message by reference (the facade keeps copies)."""

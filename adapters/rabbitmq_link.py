@@ -439,21 +439,19 @@ class Link:
             )
         )
 
-    def ack(self, tags: Sequence[int], outstanding: Sequence[int]) -> None:
+    def ack(self, tags: Sequence[int], below: int | None) -> None:
         """Acknowledge delivery ``tags`` of the consuming channel, without waiting: one
-        ``multiple`` acknowledgement for the longest run that leaves no other outstanding
-        tag behind it, single ones for the rest. ``outstanding`` is every tag of this
-        channel not yet settled, ``tags`` included."""
-        if not tags:
+        ``multiple`` acknowledgement for those under ``below`` (the lowest tag of this
+        channel still unsettled apart from ``tags``, None if there is none), so it
+        acknowledges nothing else, and single ones for the rest."""
+        if len(tags) == 1:
+            (tag,) = tags
+            self.fire(lambda link: link.sub.basic_ack(tag))
             return
-        want = set(tags)
-        upto = 0
-        for t in sorted(outstanding):
-            if t not in want:
-                break
-            upto = t
-        singles = sorted(t for t in want if t > upto)
-        multiple = len(want) - len(singles) > 1
+        under = [t for t in tags if below is None or t < below]
+        upto = max(under, default=0)
+        singles = sorted(t for t in tags if t > upto)
+        multiple = len(under) > 1
 
         def send(link: Link) -> None:
             ch = link.sub

@@ -669,3 +669,37 @@ def test_a_group_queue_deleted_behind_iqbridges_back_is_declared_again(
     d = q.get("b", timeout=2)
     assert d is not None and d.msg_id == after
     d.done()
+
+
+def test_an_acknowledgement_never_covers_a_delivery_still_held(
+    refusing: tuple[iqbridge.Hub, iqbridge.Queue, str],
+) -> None:
+    """Batches are acknowledged with ``multiple`` where the delivery tags allow: one held
+    delivery between two finished batches stays unacknowledged, so when the process goes
+    without finishing it, RabbitMQ still has it (and only it)."""
+    hub, q, _prefix = refusing
+    adapter = hub.adapter
+    assert isinstance(adapter, RabbitMQAdapter)
+    ids = q.put_many([f"m{i}".encode() for i in range(5)], to=["a"])
+    first = q.get_many("a", 2)
+    held = q.get("a")
+    last = q.get_many("a", 2)
+    assert held is not None
+    assert [*first.msg_ids, held.msg_id, *last.msg_ids] == ids
+    last.done()
+    first.done()
+    adapter.close()  # gone without finishing `held`: the broker takes it back
+    conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        ch = conn.channel()
+        name = adapter.queue_name("orders", "a")
+        for _ in range(100):  # the broker requeues it once it sees the connection close
+            waiting = ch.queue_declare(name, passive=True).method.message_count
+            if waiting:
+                break
+            time.sleep(0.02)
+        assert waiting == 1
+        method, _props, body = ch.basic_get(name, auto_ack=True)
+        assert method is not None and body == b"m2"
+    finally:
+        conn.close()
