@@ -78,7 +78,7 @@ from iqbridge.stores.sqlite import SqliteStore
 # Relative: the adapters directory imports as iqbridge.adapters (see pyproject), and
 # mypy checks it from the top level.
 from .rabbitmq_link import ChannelError, Link, LinkLost, Outgoing, Unconfirmed  # noqa: TID251
-from .rabbitmq_wire import _PRIORITIES, Msg, Slot, decode, encode, number  # noqa: TID251
+from .rabbitmq_wire import _PRIORITIES, Msg, Slot, as_int, decode, encode  # noqa: TID251
 
 __all__ = ["RabbitMQAdapter", "decode", "encode"]
 
@@ -258,6 +258,14 @@ class RabbitMQAdapter:
     # --- connection ----------------------------------------------------------------
 
     def _connected(self) -> Link:
+        """The open connection, or a new one: BrokerUnavailable if none can be made."""
+        try:
+            return self._link_now()
+        except LinkLost as exc:
+            raise self._unavailable(exc) from exc
+
+    def _link_now(self) -> Link:
+        """The open connection, or a new one (LinkLost if it cannot be made)."""
         link = self._link
         if link is not None and link.alive:
             return link
@@ -269,16 +277,13 @@ class RabbitMQAdapter:
                 raise BrokerUnavailable(f"the RabbitMQ adapter for {self.url} is closed")
             if link is not None:
                 link.close()
-            try:
-                new = Link(
-                    self._params,
-                    prefetch=self.prefetch,
-                    on_delivery=self._on_delivery,
-                    on_cancel=self._on_cancel,
-                    connect_timeout=self.connect_timeout,
-                )
-            except LinkLost as exc:
-                raise self._unavailable(exc) from exc
+            new = Link(
+                self._params,
+                prefetch=self.prefetch,
+                on_delivery=self._on_delivery,
+                on_cancel=self._on_cancel,
+                connect_timeout=self.connect_timeout,
+            )
             with self._lock:
                 # What the old connection held went back to the broker's queues with it.
                 self._link = new
@@ -299,23 +304,24 @@ class RabbitMQAdapter:
     def _call(self, op: Callable[[Link], T]) -> T:
         """``op(link)``, on a new connection after the old one was lost, retried with
         exponential backoff for up to ``retry_for`` seconds (a broker restart is ridden
-        out); then BrokerUnavailable."""
+        out); then BrokerUnavailable. Only a lost connection is retried: the broker's
+        refusals and a closed adapter are raised as they are."""
         try:
-            return op(self._connected())
-        except (LinkLost, BrokerUnavailable) as exc:
+            return op(self._link_now())
+        except LinkLost as exc:
             if self.retry_for <= 0 or self._closed:
                 raise self._unavailable(exc) from exc
             log.warning("RabbitMQ at %s: %s; reconnecting", self.url, exc)
         retrying = Retrying(
-            retry=retry_if_exception_type((LinkLost, BrokerUnavailable)),
+            retry=retry_if_exception_type(LinkLost),
             stop=stop_after_delay(self.retry_for),
             wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
             before_sleep=before_sleep_log(log, logging.WARNING),
             reraise=True,
         )
         try:
-            return retrying(lambda: op(self._connected()))
-        except (LinkLost, BrokerUnavailable) as exc:
+            return retrying(lambda: op(self._link_now()))
+        except LinkLost as exc:
             raise self._unavailable(exc, f"; retried for {self.retry_for:g} s") from exc
 
     def _on_delivery(
@@ -336,7 +342,7 @@ class RabbitMQAdapter:
             count = 2 if redelivered else 1
             raw = props.headers or {}
             if "x-delivery-count" in raw:  # quorum queues count for us
-                count = number(raw["x-delivery-count"]) + 1
+                count = as_int(raw["x-delivery-count"]) + 1
             msg = Msg(generation, tag, redelivered, props, body, count)
             prio = props.priority if props.priority is not None else 4
             slot.ready[min(max(prio, 0), 9)].append(msg)

@@ -15,7 +15,7 @@ from pika.spec import BasicProperties
 from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope
 
-__all__ = ["Msg", "Slot", "decode", "encode", "number"]
+__all__ = ["Msg", "Slot", "decode", "as_int", "encode"]
 
 _PRIORITIES = 10
 
@@ -95,7 +95,7 @@ def decode(
             priority=props.priority if props.priority is not None else 4,
             ordering_key=_text(raw.get(_KEY, "")),
             parents=tuple(_text(p) for p in raw.get(_PARENTS) or ()),
-            put_at=number(raw.get(_AT)),
+            put_at=as_int(raw.get(_AT)),
             groups=tuple(_text(g) for g in raw.get(_TO) or ()),
         )
         return env.msg_id, env, False
@@ -132,7 +132,8 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def number(value: Any) -> int:
+def as_int(value: Any) -> int:
+    """A header value as an int, 0 when it is not one (a stranger's header)."""
     try:
         return int(value)
     except (TypeError, ValueError):
