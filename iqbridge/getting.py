@@ -488,9 +488,11 @@ class Getting(Settling, Housekeeping):
         """Who a stranger's message is for: the queue's standing audience, or, where the
         broker says which groups it reached (a RabbitMQ queue holds one group's messages),
         the subscribers and pools of those groups only: the others never see it."""
-        subs = self._subscriptions(fresh=bool(groups))
+        subs = self._subscriptions()
         if not groups:
             return subs.audience().validate()
+        if any(g not in subs.subscribers and subs.pool(g) is None for g in groups):
+            subs = self._subscriptions(fresh=True)  # a pool declared since the last read?
         pools = tuple(p for g in groups if (p := subs.pool(g)) is not None)
         pooled = {p.name for p in pools}
         named = tuple(g for g in groups if g not in pooled)
