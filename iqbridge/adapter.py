@@ -29,7 +29,7 @@ from iqbridge.model import Envelope, Received
 if TYPE_CHECKING:
     from iqbridge.engine import Change
 
-__all__ = ["Adapter", "Capabilities", "Colocated"]
+__all__ = ["Adapter", "Capabilities", "Colocated", "Fenced"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ class Capabilities:
     #: only for a retention time), the facade keeps a retained copy as for read_by_ref.
     retains_after_ack: bool = True
     #: Each consumer group delivers to one consumer at a time (RabbitMQ's single active
-    #: consumer): the others stand by until it goes. The facade then never claims,
+    #: consumer), or each of its partitions does (Kafka): the others stand by until it goes. The facade then never claims,
     #: through the index, messages the active consumer holds read ahead, so a pool's
     #: messages are handled by one process at a time, each key in put order.
     single_active_groups: bool = False
@@ -168,4 +168,15 @@ class Colocated(Protocol):
         """Like :meth:`Adapter.receive` (without blocking), over several groups in order
         until one has entries, each with its index record as a hint
         (:attr:`Received.record`)."""
+        ...
+
+
+@runtime_checkable
+class Fenced(Protocol):
+    """An adapter that keeps each ordering key in order across its consumers (Kafka): it
+    must know which deliveries the facade left pending because the index says another
+    consumer holds them, so it hands out no later message of their keys meanwhile."""
+
+    def left_pending(self, queue: str, group: str, refs: Sequence[str]) -> None:
+        """The facade did not claim these deliveries: someone else holds them."""
         ...

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from iqbridge import engine
+from iqbridge.adapter import Fenced
 from iqbridge.batch import Batch
 from iqbridge.delivery import Delivery
 from iqbridge.engine import Change
@@ -363,6 +364,7 @@ class Getting(Settling, Housekeeping):
                 unread.append(received.envelope.msg_id)
         loaded = store.load_many(unread) if unread else {}
         acks: dict[str, list[str]] = {}
+        pending: dict[str, list[str]] = {}
         claims: list[tuple[Received, Change, str]] = []
         again: list[Received] = []
         for i, received in enumerate(batch):
@@ -412,10 +414,15 @@ class Getting(Settling, Housekeeping):
                 # Once-only: a redelivery of something this subscriber finished is acked,
                 # never processed again.
                 acks.setdefault(group, []).append(received.native_ref)
-            # Else held by someone (or not yet revealed): leave it pending; it comes back
-            # when idle.
+            else:
+                # Held by someone (or not yet revealed): leave it pending; it comes back
+                # when idle.
+                pending.setdefault(group, []).append(received.native_ref)
         for group, refs in acks.items():
             self._adapter.ack(self.name, group, refs)
+        if pending and isinstance(self._adapter, Fenced):
+            for group, refs in pending.items():
+                self._adapter.left_pending(self.name, group, refs)
         return claims, again
 
     def _delivered(

@@ -29,6 +29,7 @@ ADAPTERS: dict[str, tuple[str, str | None]] = {
     "rediss": ("iqbridge.adapters.redis_streams:RedisStreamsAdapter", "redis"),
     "amqp": ("iqbridge.adapters.rabbitmq:RabbitMQAdapter", "rabbitmq"),
     "amqps": ("iqbridge.adapters.rabbitmq:RabbitMQAdapter", "rabbitmq"),
+    "kafka": ("iqbridge.adapters.kafka:KafkaAdapter", "kafka"),
 }
 
 STORES: dict[str, tuple[str, str | None]] = {
