@@ -250,7 +250,8 @@ class Feed:
         """Before the partitions go: wait (``revoke_wait`` at most) for what this process
         is processing of them, then commit what is settled, then forget them."""
         gone = {tp.partition for tp in partitions}
-        deadline = time.monotonic() + self.revoke_wait
+        # Closing: what is not settled now is read again by the next owner.
+        deadline = time.monotonic() + (0.0 if self._stop else self.revoke_wait)
         with self.lock:
             for partition in gone:  # nothing more is handed out of them
                 part = self.parts.get(partition)
