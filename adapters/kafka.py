@@ -49,6 +49,7 @@ default index is the SQLite file ``iqbridge-index.db`` in the working directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -66,7 +67,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from iqbridge.adapter import Capabilities
 from iqbridge.errors import BrokerRefused, BrokerUnavailable, ConfigurationError, InvalidArgument
@@ -74,7 +75,7 @@ from iqbridge.model import Envelope, Received
 from iqbridge.stores.sqlite import SqliteStore
 
 from .kafka_feed import Feed  # noqa: TID251
-from .kafka_wire import Header, encode, parse_ref, ref  # noqa: TID251
+from .kafka_wire import Header, encode, header_items, header_text, parse_ref, ref  # noqa: TID251
 
 __all__ = ["KafkaAdapter"]
 
@@ -238,8 +239,7 @@ class KafkaAdapter:
                 value = low - 1
             if value < low:
                 raise ConfigurationError(
-                    f"Kafka URL {safe}: {name} must be a number >= {low:g}, "
-                    f"not {opts.get(name)!r}"
+                    f"Kafka URL {safe}: {name} must be a number >= {low:g}, not {opts.get(name)!r}"
                 )
             return value
 
@@ -375,8 +375,7 @@ class KafkaAdapter:
             if self._down_since is None:
                 self._down_since = time.monotonic()
                 log.warning(
-                    "Kafka at %s is unreachable (%s); retrying, gets and puts fail after "
-                    "%g s",
+                    "Kafka at %s is unreachable (%s); retrying, gets and puts fail after %g s",
                     self.url,
                     err.str(),
                     self.retry_for,
@@ -401,9 +400,7 @@ class KafkaAdapter:
     def _check_down(self) -> None:
         since = self._down_since
         if since is not None and time.monotonic() - since > self.retry_for:
-            raise self._unavailable(
-                f"{self._down_why}, for {time.monotonic() - since:.0f} s"
-            )
+            raise self._unavailable(f"{self._down_why}, for {time.monotonic() - since:.0f} s")
 
     # --- the Adapter protocol ------------------------------------------------------
 
@@ -495,8 +492,7 @@ class KafkaAdapter:
                 err.code() in _DOWN
             ):
                 raise self._unavailable(
-                    f"{len(failed)} of {len(items)} record(s) to {topic!r} not stored: "
-                    f"{err.str()}"
+                    f"{len(failed)} of {len(items)} record(s) to {topic!r} not stored: {err.str()}"
                 )
             raise BrokerRefused(
                 f"Kafka at {self.url} refused {len(failed)} of {len(items)} record(s) "
@@ -526,7 +522,7 @@ class KafkaAdapter:
                             "group.id": self.group_id(queue, group),
                             "enable.auto.commit": False,
                             "enable.auto.offset.store": False,
-                        }
+                        },
                     )
                     config.setdefault("auto.offset.reset", "earliest")
                     config.setdefault("fetch.wait.max.ms", 50)
@@ -667,7 +663,7 @@ class KafkaAdapter:
         consumer = Consumer(
             self._client_config(
                 "consumer",
-                **{"group.id": f"iq-peek-{time.monotonic_ns()}", "enable.auto.commit": False}
+                **{"group.id": f"iq-peek-{time.monotonic_ns()}", "enable.auto.commit": False},
             )
         )
         try:
@@ -679,7 +675,7 @@ class KafkaAdapter:
             while len(out) < count and time.monotonic() < deadline:
                 for msg in consumer.consume(count - len(out), 0.2):
                     if msg.error() is None:
-                        fields = {k: (v or b"").decode() for k, v in msg.headers() or ()}
+                        fields = {k: header_text(v) for k, v in header_items(msg.headers())}
                         out.append((fields, bytes(msg.value() or b"")))
             return out
         finally:
@@ -692,10 +688,8 @@ class KafkaAdapter:
             for key in [k for k in self._feeds if k[0] == queue]:
                 self._feeds.pop(key).close()
         for future in self._admin_client().delete_topics(topics).values():
-            try:
+            with contextlib.suppress(KafkaException):
                 future.result(timeout=self.connect_timeout)
-            except KafkaException:
-                pass
         self._topics.difference_update(topics)
 
     def __repr__(self) -> str:

@@ -178,8 +178,10 @@ class Feed:
                         self._on_error(err)
                     continue
                 partition, offset = msg.partition(), msg.offset()
-                part = self.parts.get(partition) if partition is not None else None
-                if part is None or offset is None:
+                if partition is None or offset is None:
+                    continue
+                part = self.parts.get(partition)
+                if part is None:
                     continue  # a partition taken away meanwhile
                 if offset in part.unsettled:
                     continue  # read again after a seek: we have it
@@ -193,8 +195,8 @@ class Feed:
                     self.topic,
                     partition,
                     offset,
-                    msg.key(),  # type: ignore[arg-type]
-                    msg.value(),  # type: ignore[arg-type]
+                    msg.key(),
+                    msg.value(),
                     headers,
                     msg.timestamp()[1],
                 )
@@ -216,12 +218,15 @@ class Feed:
         if not todo:
             return
         self._last_commit = now
-        consumer.commit(offsets=todo, asynchronous=not sync)
+        if sync:
+            consumer.commit(offsets=todo, asynchronous=False)
+        else:
+            consumer.commit(offsets=todo, asynchronous=True)
         with self.lock:
             for tp in todo:
-                part = self.parts.get(tp.partition)
-                if part is not None:
-                    part.committed = max(part.committed, tp.offset)
+                done = self.parts.get(tp.partition)
+                if done is not None:
+                    done.committed = max(done.committed, tp.offset)
 
     def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         starts: dict[int, int] = {}
@@ -280,14 +285,13 @@ class Feed:
             self.generation += 1
             self.lock.notify_all()
         if gone:
-            log.info("Kafka group %s on %s: partitions %s %s", self.group, self.topic,
-                     sorted(gone), why)
+            log.info(
+                "Kafka group %s on %s: partitions %s %s", self.group, self.topic, sorted(gone), why
+            )
 
     # --- callers' side -------------------------------------------------------------
 
-    def take(
-        self, consumer: str, count: int, min_idle: float | None, now: float
-    ) -> list[Received]:
+    def take(self, consumer: str, count: int, min_idle: float | None, now: float) -> list[Received]:
         """Up to ``count`` records for ``consumer``: held ones idle for ``min_idle``
         first, then ready ones in offset order, each key fenced (see the module)."""
         out: list[Received] = []
@@ -397,9 +401,7 @@ class Feed:
         """Whether every record this process produced to an assigned partition (``sent``:
         partition -> highest offset) has been read."""
         with self.lock:
-            return all(
-                part.next > sent[p] for p, part in self.parts.items() if p in sent
-            )
+            return all(part.next > sent[p] for p, part in self.parts.items() if p in sent)
 
     def rewind(self, partition: int, offset: int) -> None:
         """Read a partition again from ``offset`` (as after a commit lost in a crash):

@@ -10,10 +10,22 @@ import orjson
 from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope
 
-__all__ = ["Header", "decode", "encode", "parse_ref", "ref"]
+__all__ = [
+    "Header",
+    "Headers",
+    "addressed_to",
+    "decode",
+    "encode",
+    "header_items",
+    "header_text",
+    "parse_ref",
+    "ref",
+]
 
 #: A record header as confluent-kafka gives and takes it.
-Header = tuple[str, bytes | None]
+Header = tuple[str, str | bytes | None]
+#: A record's headers as confluent-kafka gives them (a list, or None).
+Headers = dict[str, str | bytes | None] | list[Header] | None
 
 _ID = "iq-id"
 _CT = "iq-ct"
@@ -66,12 +78,18 @@ def encode(env: Envelope) -> tuple[bytes | None, list[Header]]:
     return key, headers
 
 
-def addressed_to(headers: Sequence[Header] | None) -> list[str] | None:
+def header_items(headers: Headers) -> Sequence[Header]:
+    if isinstance(headers, dict):
+        return list(headers.items())
+    return headers or ()
+
+
+def addressed_to(headers: Headers) -> list[str] | None:
     """The groups an iqbridge record is addressed to, or None for every group (no
     ``iq-to``: addressed to all, or a stranger's record)."""
-    for name, value in headers or ():
+    for name, value in header_items(headers):
         if name == _TO and value is not None:
-            groups = orjson.loads(value)
+            groups = orjson.loads(value if isinstance(value, bytes) else value.encode())
             return [str(g) for g in groups] if isinstance(groups, list) else None
     return None
 
@@ -82,7 +100,7 @@ def decode(
     offset: int,
     key: bytes | None,
     value: bytes | None,
-    headers: Sequence[Header] | None,
+    headers: Headers,
     timestamp_ms: int,
 ) -> tuple[Envelope, bool]:
     """The envelope of a record and whether it is a stranger's (adopted).
@@ -95,8 +113,8 @@ def decode(
     """
     fields: dict[str, str] = {}
     app: dict[str, str] = {}
-    for name, raw in headers or ():
-        text = raw.decode("utf-8", "replace") if raw is not None else ""
+    for name, raw in header_items(headers):
+        text = header_text(raw)
         if name.startswith(_H):
             app[name[len(_H) :]] = text
         elif name.startswith(_OURS):
@@ -133,6 +151,12 @@ def decode(
         expires_at=_int(fields.get(_EXP), 0) or None,
     )
     return env, False
+
+
+def header_text(raw: str | bytes | None) -> str:
+    if raw is None:
+        return ""
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
 
 
 def _int(text: str | None, default: int) -> int:

@@ -53,9 +53,10 @@ class Capabilities:
     #: only for a retention time), the facade keeps a retained copy as for read_by_ref.
     retains_after_ack: bool = True
     #: Each consumer group delivers to one consumer at a time (RabbitMQ's single active
-    #: consumer), or each of its partitions does (Kafka): the others stand by until it goes. The facade then never claims,
-    #: through the index, messages the active consumer holds read ahead, so a pool's
-    #: messages are handled by one process at a time, each key in put order.
+    #: consumer), or each of its partitions does (Kafka): the others stand by until it
+    #: goes. The facade then never claims, through the index, messages the active
+    #: consumer holds read ahead, so a pool's messages (a partition's, on Kafka) are
+    #: handled by one process at a time, each key in put order.
     single_active_groups: bool = False
 
     @property

@@ -73,8 +73,16 @@ class Tansu:
         addr = f"tcp://127.0.0.1:{self.port}"
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [str(binary), "broker", "--listener-url", addr, "--advertised-listener-url",
-                 addr, "--storage-engine", self.storage],
+                [
+                    str(binary),
+                    "broker",
+                    "--listener-url",
+                    addr,
+                    "--advertised-listener-url",
+                    addr,
+                    "--storage-engine",
+                    self.storage,
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -130,4 +138,3 @@ def fresh_prefix(what: str = "t") -> str:
     """A topic and group name prefix no other test uses (Tansu forgets on restart; the
     session's topics are never deleted one by one)."""
     return f"iqt-{what}-{uuid.uuid4().hex[:8]}-"
-
