@@ -37,7 +37,9 @@ default 1), ``retry_for`` (seconds: how long a put waits for the broker before i
 how long a consumer may go without reaching it before gets fail; default 30),
 ``connect_timeout`` (seconds to reach the broker at start, default 10),
 ``join_timeout`` (seconds a first get waits for the group to assign partitions, default
-30), ``buffer`` (records a group's consumer reads ahead at most, default 1000),
+30), ``buffer`` (records a group's consumer holds read ahead and unsettled at most, default
+20000: past it the partitions are paused, and librdkafka fetches a resumed partition
+only up to a second later, so keep it well above a batch),
 ``revoke_wait`` (seconds a rebalance waits for records in process, default 10); and every
 librdkafka property (a name with a dot: ``security.protocol``, ``sasl.mechanism``,
 ``ssl.ca.location``, ``session.timeout.ms``, ...), passed through to the producer and the
@@ -150,6 +152,11 @@ _DOWN = frozenset(
     }
 )
 
+
+class _Fatal(Exception):
+    """librdkafka declared the producer unusable (a fatal error): replace it."""
+
+
 #: What this process produced: (bootstrap servers, topic) -> partition -> highest offset.
 #: A first get waits until its group's consumer has read that far (shared by every
 #: adapter in the process, so a put through one hub is seen by a get through another).
@@ -171,7 +178,7 @@ class KafkaAdapter:
         retry_for: float = 30.0,
         connect_timeout: float = 10.0,
         join_timeout: float = 30.0,
-        buffer: int = 1000,
+        buffer: int = 20000,
         revoke_wait: float = 10.0,
     ) -> None:
         from iqbridge.registry import redact
@@ -264,7 +271,7 @@ class KafkaAdapter:
             retry_for=number("retry_for", 30.0, 0.1),
             connect_timeout=number("connect_timeout", 10.0, 0.1),
             join_timeout=number("join_timeout", 30.0, 0.1),
-            buffer=int(number("buffer", 1000, 1)),
+            buffer=int(number("buffer", 20000, 1)),
             revoke_wait=number("revoke_wait", 10.0),
         )
         adapter._check()
@@ -341,9 +348,11 @@ class KafkaAdapter:
 
     def _check(self) -> None:
         """Fail fast (within ``connect_timeout``) when the brokers do not answer."""
+        admin = self._admin_client()
         try:
-            self._admin_client().list_topics(timeout=self.connect_timeout)
+            admin.list_topics(timeout=self.connect_timeout)
         except KafkaException as exc:
+            admin.poll(0)  # hand librdkafka's log lines of the attempt to Python logging
             self.close()
             raise self._wrap(exc, f"no answer within {self.connect_timeout:g} s") from exc
 
@@ -382,7 +391,7 @@ class KafkaAdapter:
                 )
             self._down_why = err.str()
         else:
-            log.info("Kafka at %s: %s", self.url, err.str())
+            log.debug("Kafka at %s: %s", self.url, err.str())
 
     def _on_stats(self, stats: str) -> None:
         """librdkafka's statistics: a broker UP again ends an outage."""
@@ -439,6 +448,28 @@ class KafkaAdapter:
     def _produce(
         self, topic: str, items: Sequence[tuple[bytes | None, list[Header], bytes]]
     ) -> list[str]:
+        """Produce and wait for every delivery report. A producer librdkafka declares
+        fatally broken (say the broker restarted and forgot its producer id) is replaced
+        and the records produced again once: a record stored twice is one message to the
+        index (the second entry is recognised and skipped)."""
+        try:
+            return self._produce_once(topic, items)
+        except _Fatal as fatal:
+            log.warning(
+                "Kafka at %s: producer failed fatally (%s); producing again with a new one",
+                self.url,
+                fatal,
+            )
+            self._reset_producer()
+            try:
+                return self._produce_once(topic, items)
+            except _Fatal as again:
+                self._reset_producer()
+                raise self._unavailable(f"producing to {topic!r}: {again}") from again
+
+    def _produce_once(
+        self, topic: str, items: Sequence[tuple[bytes | None, list[Header], bytes]]
+    ) -> list[str]:
         producer = self._producer_now()
         results: list[tuple[KafkaError | None, int, int] | None] = [None] * len(items)
         left = [len(items)]
@@ -450,25 +481,29 @@ class KafkaAdapter:
 
             return on_delivery
 
-        for i, (key, headers, body) in enumerate(items):
-            while True:
-                try:
-                    producer.produce(
-                        topic, value=body, key=key, headers=headers, on_delivery=report(i)
-                    )
-                    break
-                except BufferError:  # the local queue is full: serve reports first
-                    producer.poll(0.05)
-                except KafkaException as exc:
-                    raise self._wrap(exc, f"producing to {topic!r}") from exc
         deadline = time.monotonic() + self.retry_for + 5.0
-        while left[0] > 0:
-            if time.monotonic() > deadline:
-                raise self._unavailable(
-                    f"{left[0]} of {len(items)} record(s) to {topic!r} not acknowledged "
-                    f"within {self.retry_for:g} s"
-                )
-            producer.poll(0.01)
+        try:
+            for i, (key, headers, body) in enumerate(items):
+                while True:
+                    try:
+                        producer.produce(
+                            topic, value=body, key=key, headers=headers, on_delivery=report(i)
+                        )
+                        break
+                    except BufferError:  # the local queue is full: serve reports first
+                        producer.poll(0.05)
+            while left[0] > 0:
+                if time.monotonic() > deadline:
+                    raise self._unavailable(
+                        f"{left[0]} of {len(items)} record(s) to {topic!r} not acknowledged "
+                        f"within {self.retry_for:g} s"
+                    )
+                producer.poll(0.01)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is not None and err.fatal():
+                raise _Fatal(err.str()) from exc
+            raise self._wrap(exc, f"producing to {topic!r}") from exc
         refs: list[str] = []
         sent: dict[int, int] = {}
         failed: list[KafkaError] = []
@@ -487,10 +522,23 @@ class KafkaAdapter:
         if failed:
             err = failed[0]
             if err.fatal():
-                self._reset_producer()
-            if err.code() in (KafkaError._MSG_TIMED_OUT, KafkaError._TRANSPORT) or (
-                err.code() in _DOWN
+                raise _Fatal(err.str())
+            if err.code() in (
+                KafkaError.UNKNOWN_TOPIC_OR_PART,
+                KafkaError._UNKNOWN_TOPIC,
+                KafkaError._MSG_TIMED_OUT,
             ):
+                # Deleted, or a broker that forgot it (restarted empty): the next put
+                # creates the topic again, with a new producer (the old one's sequence
+                # numbers may be unknown to the broker now).
+                self._topics.discard(topic)
+                self._reset_producer()
+            if err.code() in (
+                KafkaError._MSG_TIMED_OUT,
+                KafkaError._TRANSPORT,
+                KafkaError.UNKNOWN_TOPIC_OR_PART,
+                KafkaError._UNKNOWN_TOPIC,
+            ) or (err.code() in _DOWN):
                 raise self._unavailable(
                     f"{len(failed)} of {len(items)} record(s) to {topic!r} not stored: {err.str()}"
                 )
@@ -526,6 +574,9 @@ class KafkaAdapter:
                     )
                     config.setdefault("auto.offset.reset", "earliest")
                     config.setdefault("fetch.wait.max.ms", 50)
+                    # A topic created again (deleted, or a broker that restarted empty) is
+                    # seen within seconds, not librdkafka's default five minutes.
+                    config.setdefault("topic.metadata.refresh.interval.ms", 5000)
                     try:
                         feed = Feed(
                             config,
