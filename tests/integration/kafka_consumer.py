@@ -20,11 +20,13 @@ unique constraint, so a message processed and committed twice shows as two rows.
   across every process. The member leaves gracefully when the test creates its leave
   file: the Worker stops (``drain`` or not, as told), then the hub closes, which commits
   the group's offsets and leaves the consumer group (its partitions go to the others).
+  The adapter's log lines of the group's rebalances go to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import sys
@@ -91,6 +93,11 @@ def _ordered(args: argparse.Namespace) -> None:
     from iqbridge.delivery import Delivery
     from iqbridge.worker import Worker
 
+    # The groups' rebalances (partitions assigned and revoked) go to stderr, timed: the
+    # test waits for a joiner's assignment there.
+    logging.basicConfig(format="%(asctime)s %(name)s %(message)s", level=logging.WARNING)
+    logging.getLogger("iqbridge.adapters.kafka").setLevel(logging.INFO)
+
     table = processed_table()
     app = app_engine(args.app)
     pid = os.getpid()
@@ -119,7 +126,14 @@ def _ordered(args: argparse.Namespace) -> None:
                 )
                 delivery.done(transaction=tx)  # the worker leaves a finished delivery alone
 
-        worker = Worker(queue, args.subscriber, handle, threads=args.threads, batch=args.batch)
+        worker = Worker(
+            queue,
+            args.subscriber,
+            handle,
+            threads=args.threads,
+            batch=args.batch,
+            max_held=args.held,
+        )
 
         def watch() -> None:
             end = time.monotonic() + _MAX_LIFE
@@ -149,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--claims", help="record: the claims log")
     parser.add_argument("--threads", type=int, default=4, help="ordered: worker threads")
+    parser.add_argument("--held", type=int, default=200, help="ordered: the Worker's max_held")
     parser.add_argument("--leave", help="ordered: leave the pool once this file exists")
     parser.add_argument(
         "--drain",
