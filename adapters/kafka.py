@@ -157,10 +157,11 @@ class _Fatal(Exception):
     """librdkafka declared the producer unusable (a fatal error): replace it."""
 
 
-#: What this process produced: (bootstrap servers, topic) -> partition -> highest offset.
+#: What this process produced: (bootstrap servers, topic) -> partition -> (highest
+#: offset, when it was produced: monotonic seconds).
 #: A first get waits until its group's consumer has read that far (shared by every
 #: adapter in the process, so a put through one hub is seen by a get through another).
-_SENT: dict[tuple[str, str], dict[int, int]] = {}
+_SENT: dict[tuple[str, str], dict[int, tuple[int, float]]] = {}
 _SENT_LOCK = threading.Lock()
 
 
@@ -515,10 +516,11 @@ class KafkaAdapter:
                 continue
             refs.append(ref(partition, offset))
             sent[partition] = max(sent.get(partition, -1), offset)
+        now = time.monotonic()
         with _SENT_LOCK:
             seen = _SENT.setdefault((self._servers, topic), {})
             for partition, offset in sent.items():
-                seen[partition] = max(seen.get(partition, -1), offset)
+                seen[partition] = (max(seen.get(partition, (-1, 0.0))[0], offset), now)
         if failed:
             err = failed[0]
             if err.fatal():
@@ -655,6 +657,12 @@ class KafkaAdapter:
         feed = self._feeds.get((queue, group))
         if feed is not None:
             feed.left_pending(refs)
+
+    def owns(self, queue: str, group: str, native_ref: str) -> bool:
+        """Whether this process reads the record's partition for the group now: only
+        the partition's reader may hand its records out again through the index."""
+        feed = self._feeds.get((queue, group))
+        return feed is not None and feed.owns(native_ref)
 
     def dead_letter(self, queue: str, group: str, ref: str, reason: str) -> None:
         """Copy the record with the reason to the queue's dead-letter topic (waited for),

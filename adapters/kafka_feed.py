@@ -80,6 +80,10 @@ class Part:
     #: The next offset to read (last read + 1), or the start (committed) before any read.
     next: int = -1
     committed: int = -1
+    #: The high watermark the last fetch reported (-1 until one did), and when it was
+    #: looked at (monotonic seconds).
+    high: int = -1
+    high_at: float = 0.0
 
     def commit_point(self) -> int:
         """The offset to commit: the lowest unsettled one, else the next to read."""
@@ -90,7 +94,8 @@ class Feed:
     """A consumer of one group on one topic, its records, offsets and fences.
 
     Every method is safe from any thread; the consumer itself is only touched by the
-    feed's own thread (commands from other threads wait for it)."""
+    feed's own thread (commands from other threads wait for it): confluent-kafka blocks
+    a call from another thread while that thread's consume() runs."""
 
     def __init__(
         self,
@@ -115,6 +120,7 @@ class Feed:
         self._commands: list[Callable[[Consumer], None]] = []
         self._stop = False
         self._paused = False
+        self._resume_all = False
         self._last_commit = 0.0
         self.failure: BaseException | None = None
         self.consumer = Consumer(config)
@@ -137,6 +143,7 @@ class Feed:
                 msgs = consumer.consume(_CONSUME, _POLL)
                 if msgs:
                     self._take_in(msgs)
+                self._watermarks(consumer)
                 self._commit(consumer, force=False)
         except BaseException as exc:  # reported to every caller from now on
             log.exception("Kafka consumer of group %s on %s failed", self.group, self.topic)
@@ -161,13 +168,14 @@ class Feed:
         with self.lock:
             held = sum(len(p.unsettled) for p in self.parts.values())
             parts = [TopicPartition(self.topic, p) for p in self.parts]
-        if not self._paused and held >= self.buffer and parts:
+        if held >= self.buffer and parts and (self._resume_all or not self._paused):
             consumer.pause(parts)
             self._paused = True
-        elif self._paused and held < self.buffer // 2:
+        elif (self._paused and held < self.buffer // 2) or self._resume_all:
             if parts:
                 consumer.resume(parts)
             self._paused = False
+        self._resume_all = False
 
     def _take_in(self, msgs: Sequence[Message]) -> None:
         with self.lock:
@@ -205,6 +213,21 @@ class Feed:
                 bisect.insort(part.ready, offset)
             self.lock.notify_all()
 
+    def _watermarks(self, consumer: Consumer) -> None:
+        """Note each partition's high watermark as the last fetch reported it (a local
+        lookup: the consumer is only ever touched by this thread)."""
+        with self.lock:
+            partitions = list(self.parts)
+        for partition in partitions:
+            _low, high = consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), cached=True
+            )
+            with self.lock:
+                part = self.parts.get(partition)
+                if part is not None:
+                    part.high = high
+                    part.high_at = time.monotonic()
+
     def _commit(self, consumer: Consumer, *, force: bool, sync: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_commit < _COMMIT_EVERY:
@@ -241,7 +264,9 @@ class Feed:
             for tp in partitions:
                 start = starts.get(tp.partition, -1)
                 self.parts[tp.partition] = Part(next=start, committed=start)
-            self._paused = False
+            # librdkafka keeps a partition paused when it is assigned back to this
+            # consumer: resume everything on the next turn of the loop (unless full).
+            self._resume_all = True
             self.assigned.set()
             self.lock.notify_all()
         log.info(
@@ -391,17 +416,39 @@ class Feed:
                 if found is not None and found[1].consumer:
                     found[1].elsewhere = True
 
+    def owns(self, native_ref: str) -> bool:
+        """Whether this process reads the partition of a reference now."""
+        part, _, _off = native_ref.partition(":")
+        try:
+            with self.lock:
+                return int(part) in self.parts
+        except ValueError:
+            return False
+
     def record(self, native_ref: str) -> Record | None:
         """The unsettled record at a reference, if this process holds it."""
         with self.lock:
             found = self._find(native_ref)
             return found[1] if found is not None else None
 
-    def caught_up(self, sent: dict[int, int]) -> bool:
+    def caught_up(self, sent: dict[int, tuple[int, float]]) -> bool:
         """Whether every record this process produced to an assigned partition (``sent``:
-        partition -> highest offset) has been read."""
+        partition -> highest offset and when it was produced) has been read.
+
+        A broker that lost records (restarted empty) ends below what we produced: where
+        fetches a second after the produce still report a high watermark no further
+        than what was read, there is nothing more to wait for."""
         with self.lock:
-            return all(part.next > sent[p] for p, part in self.parts.items() if p in sent)
+            for p, part in self.parts.items():
+                if p not in sent:
+                    continue
+                offset, at = sent[p]
+                if part.next > offset:
+                    continue
+                lost = 0 <= part.high <= min(part.next, offset) and part.high_at > at + 1.0
+                if not lost:
+                    return False
+            return True
 
     def rewind(self, partition: int, offset: int) -> None:
         """Read a partition again from ``offset`` (as after a commit lost in a crash):

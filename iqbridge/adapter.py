@@ -174,10 +174,19 @@ class Colocated(Protocol):
 
 @runtime_checkable
 class Fenced(Protocol):
-    """An adapter that keeps each ordering key in order across its consumers (Kafka): it
-    must know which deliveries the facade left pending because the index says another
-    consumer holds them, so it hands out no later message of their keys meanwhile."""
+    """An adapter that keeps each ordering key in order across its consumers (Kafka).
+
+    The broker redelivers every message a group has not settled, to whichever process
+    reads its partition; so the facade hands a message out again through the index (a
+    release, a lapsed lease, a re-reveal) only in the process that reads its partition
+    (:meth:`owns`), and tells the adapter which deliveries it left pending because the
+    index says another consumer holds them (:meth:`left_pending`): no later message of
+    their keys is handed out meanwhile."""
 
     def left_pending(self, queue: str, group: str, refs: Sequence[str]) -> None:
         """The facade did not claim these deliveries: someone else holds them."""
+        ...
+
+    def owns(self, queue: str, group: str, native_ref: str) -> bool:
+        """Whether this process reads the entry's partition for the group now."""
         ...

@@ -136,7 +136,9 @@ class Getting(Settling, Housekeeping):
         if sweep or (self.name, subscriber) in self.hub.redeliveries:
             due = self._store.redeliverable(self.name, subscriber, now, ask)
             if due:
-                out = self._claim_by_index(subscriber, due, want, now, owner, lease_until, None)
+                out = self._claim_by_index(
+                    subscriber, due, want, now, owner, lease_until, None, owned_only=True
+                )
             if not out:
                 self.hub.redeliveries.discard((self.name, subscriber))
             elif len(out) >= want:
@@ -215,11 +217,18 @@ class Getting(Settling, Housekeeping):
         owner: str,
         lease_until: int | None,
         lock_id: str | None,
+        *,
+        owned_only: bool = False,
     ) -> list[Delivery]:
         """Claim up to ``want`` of the candidates ``ids`` through the index: one read of
         their records, one read of their payloads, one commit (each claim applies only if
-        its compare-and-set holds; one another consumer won is left out)."""
+        its compare-and-set holds; one another consumer won is left out).
+
+        ``owned_only``: on an adapter that fences keys (:class:`~iqbridge.adapter.Fenced`),
+        only messages whose partition this process reads (another process's reader hands
+        its own out again, in key order)."""
         store = self._store
+        fenced = self._adapter if owned_only and isinstance(self._adapter, Fenced) else None
         claims: list[tuple[MessageRecord, Change, str]] = []
         with store.atomic():
             # Waiting for another process's write lock can take a while: the claim
@@ -237,6 +246,14 @@ class Getting(Settling, Housekeeping):
                     rec = recs.get(msg_id)
                     if rec is None or rec.queue != self.name:
                         continue
+                    if fenced is not None:
+                        member = rec.members.get(subscriber)
+                        if (
+                            member is None
+                            or rec.native_ref is None
+                            or not fenced.owns(self.name, member.pool or subscriber, rec.native_ref)
+                        ):
+                            continue
                     token = new_token()
                     try:
                         change = engine.claim(
@@ -365,6 +382,10 @@ class Getting(Settling, Housekeeping):
         loaded = store.load_many(unread) if unread else {}
         acks: dict[str, list[str]] = {}
         pending: dict[str, list[str]] = {}
+        fenced = isinstance(self._adapter, Fenced)
+        #: (group, ordering key) of deliveries left pending: a later one of the same key
+        #: in this batch is given back, not claimed (a fencing adapter keeps key order).
+        held_keys: set[tuple[str, str]] = set()
         claims: list[tuple[Received, Change, str]] = []
         again: list[Received] = []
         for i, received in enumerate(batch):
@@ -397,6 +418,9 @@ class Getting(Settling, Housekeeping):
                 rec = store.load(rec.msg_id)
                 member = rec.members[subscriber]
             if member.state is SubscriberState.AVAILABLE:
+                if fenced and (group, env.ordering_key) in held_keys:
+                    self._adapter.requeue(self.name, group, received.native_ref)
+                    continue
                 token = new_token()
                 try:
                     change = engine.claim(
@@ -418,6 +442,8 @@ class Getting(Settling, Housekeeping):
                 # Held by someone (or not yet revealed): leave it pending; it comes back
                 # when idle.
                 pending.setdefault(group, []).append(received.native_ref)
+                if env.ordering_key:
+                    held_keys.add((group, env.ordering_key))
         for group, refs in acks.items():
             self._adapter.ack(self.name, group, refs)
         if pending and isinstance(self._adapter, Fenced):
