@@ -24,12 +24,11 @@ leave once every message is recorded.
 
 Two variants of ``w0``'s leave. ``drain``: it finishes what it holds, like ``w1``.
 ``give-back``: ``stop(drain=False)``, the messages it holds unstarted are given back
-(AVAILABLE again, attempt 2). That variant is a known failure (xfail, for the
-out-of-order error only): given-back messages are claimed through the index by whichever
-member's get sweeps for redeliveries first, not through the partition's owner, so a
-key's given-back run can be split between two members that process it at the same time
-(seen in about one run of five: 1 inversion and 3 overlaps, ``key-04: #218 (w0')
-committed after #222 (w2)``; the test then counts as xfailed, else as xpassed).
+(AVAILABLE again, attempt 2). The broker hands them out again: the leaver's commit stays
+below them, so whoever reads the partition next reads them first; through the index only
+the process reading their partition may hand them out again
+(:class:`~iqbridge.adapter.Fenced`), so a key's given-back run is never split between
+two members.
 
 The index is one ``sql+sqlite://`` file shared by the processes, and it also holds the
 application's own record: the handler writes one row per message (key, seq, when its
@@ -98,14 +97,6 @@ class KeyOutOfOrder(AssertionError):
     """Messages of one ordering key processed out of put order (or overlapping)."""
 
 
-#: The known failure of the give-back variant (see the module docstring).
-GIVE_BACK_SPLITS_KEYS = pytest.mark.xfail(
-    raises=KeyOutOfOrder,
-    strict=False,
-    reason="messages given back by a leaving member are claimed through the index by "
-    "any member that asks (Getting._get_once's redeliverable sweep), a key's run split "
-    "between two members (an inversion in about one run of five)",
-)
 SCRIPT = Path(__file__).with_name("kafka_consumer.py")
 #: The adapter's log line of an assignment of the pool's partitions (kafka_feed.Feed; a
 #: member also joins a group of its own, for messages addressed to it by name).
@@ -129,7 +120,7 @@ class Member:
     "w0_drains",
     [
         pytest.param(True, id="drain"),
-        pytest.param(False, id="give-back", marks=GIVE_BACK_SPLITS_KEYS),
+        pytest.param(False, id="give-back"),
     ],
 )
 def test_members_joining_and_leaving_keep_every_key_in_put_order(
