@@ -222,7 +222,7 @@ class KafkaAdapter:
     @classmethod
     def from_url(cls, url: str) -> KafkaAdapter:
         """Connect to the brokers a ``kafka://`` URL names; check that they answer."""
-        from iqbridge.registry import redact
+        from iqbridge.registry import redact, url_number
 
         safe = redact(url)
         parts = urlsplit(url)
@@ -241,15 +241,7 @@ class KafkaAdapter:
             )
 
         def number(name: str, default: float, low: float = 0.0) -> float:
-            try:
-                value = float(opts.get(name, default))
-            except ValueError:
-                value = low - 1
-            if value < low:
-                raise ConfigurationError(
-                    f"Kafka URL {safe}: {name} must be a number >= {low:g}, not {opts.get(name)!r}"
-                )
-            return value
+            return url_number(opts, name, default, low=low, url=f"Kafka URL {safe}")
 
         config: dict[str, Any] = {"bootstrap.servers": hosts}
         if "@" in parts.netloc:

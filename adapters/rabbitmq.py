@@ -171,7 +171,7 @@ class RabbitMQAdapter:
     @classmethod
     def from_url(cls, url: str) -> RabbitMQAdapter:
         """Connect to the broker an ``amqp://`` or ``amqps://`` URL names; check it answers."""
-        from iqbridge.registry import redact
+        from iqbridge.registry import redact, url_number
 
         safe = redact(url)
         parts = urlsplit(url)
@@ -188,16 +188,7 @@ class RabbitMQAdapter:
             )
 
         def number(name: str, default: float, low: float = 0.0) -> float:
-            try:
-                value = float(opts.get(name, default))
-            except ValueError:
-                value = low - 1
-            if value < low:
-                raise ConfigurationError(
-                    f"RabbitMQ URL {safe}: {name} must be a number >= {low:g}, "
-                    f"not {opts.get(name)!r}"
-                )
-            return value
+            return url_number(opts, name, default, low=low, url=f"RabbitMQ URL {safe}")
 
         queue_type = opts.get("queue_type", "classic")
         if queue_type not in ("classic", "quorum"):

@@ -319,7 +319,7 @@ class RedisStreamsAdapter:
     @classmethod
     def from_url(cls, url: str) -> RedisStreamsAdapter:
         """Connect to the server a ``redis://`` or ``rediss://`` URL names; check it answers."""
-        from iqbridge.registry import redact
+        from iqbridge.registry import redact, url_number
 
         safe = redact(url)
         parts = urlsplit(url)
@@ -339,16 +339,7 @@ class RedisStreamsAdapter:
             )
 
         def number(name: str, default: float) -> float:
-            try:
-                value = float(opts.get(name, default))
-            except ValueError:
-                value = -1.0
-            if value < 0:
-                raise ConfigurationError(
-                    f"Redis URL {safe}: {name} must be a number of seconds >= 0, "
-                    f"not {opts.get(name)!r}"
-                )
-            return value
+            return url_number(opts, name, default, url=f"Redis URL {safe}")
 
         driver_url = urlunsplit(parts._replace(query="", fragment=""))
         index_query = urlencode({k: v for k, v in opts.items() if k in _INDEX_OPTIONS})

@@ -69,6 +69,22 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+def url_number(
+    opts: dict[str, str], name: str, default: float, *, low: float = 0.0, url: str
+) -> float:
+    """The number a URL option gives (``default`` when absent); ConfigurationError naming
+    the option and the redacted ``url`` when it is not a number of at least ``low``."""
+    try:
+        value = float(opts.get(name, default))
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise ConfigurationError(
+            f"{url}: {name} must be a number >= {low:g}, not {opts.get(name)!r}"
+        )
+    return value
+
+
 def _scheme(url: str, kind: str) -> str:
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
