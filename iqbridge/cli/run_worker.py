@@ -1,10 +1,13 @@
 """``iq worker``: run an :class:`iqbridge.worker.Worker` with a live count of what it did."""
 
+import contextlib
 import importlib
+import signal
 import sys
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,6 +24,25 @@ if TYPE_CHECKING:
 __all__ = ["load_handler", "worker"]
 
 Handler = Callable[[Delivery], object]
+
+
+@contextlib.contextmanager
+def _signals_set(flag: threading.Event) -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM set ``flag`` instead of raising (main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        flag.set()
+
+    wanted = (signal.SIGINT, signal.SIGTERM)
+    previous: dict[int, Any] = {s: signal.signal(s, handler) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def load_handler(spec: str) -> Handler:
@@ -115,13 +137,16 @@ def worker(
                 f"{escape(subscriber)} on {escape(queue)}", total=max_messages, counts=""
             )
             runner = threading.Thread(target=run, name="iq-worker", daemon=True)
-            runner.start()
-            try:
-                while runner.is_alive():
+            # Ctrl-C (and SIGTERM) only set a flag: an interrupt raised at any point of
+            # this loop could land inside a lock of the worker's and leave it held.
+            interrupted = threading.Event()
+            with _signals_set(interrupted):
+                runner.start()
+                while runner.is_alive() and not interrupted.is_set():
                     runner.join(0.1)
                     stats = w.stats
                     progress.update(task, completed=stats.processed, counts=_describe(stats))
-            except KeyboardInterrupt:
+            if interrupted.is_set():
                 progress.update(task, description="stopping: finishing held messages")
                 w.stop(drain=True)
                 runner.join()

@@ -34,17 +34,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from kill_checks import check_once_only, wait_for_rows
 from rabbitmq_consumer import app_engine, processed_table
 from rabbitmq_helpers import fresh_prefix, remember, url_with
 
 import iqbridge
-from iqbridge import JournalEntry, PublisherState, SubscriberState
-from iqbridge.states import ActorKind
+from iqbridge import SubscriberState
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -61,15 +61,6 @@ QUEUE = "orders"
 #: Consumer processes: name -> (subscriber or pool member, the pool's name or "").
 CONSUMERS = {"a": ("a", ""), "b": ("b", ""), "m1": ("m1", "pool"), "m2": ("m2", "pool")}
 SCRIPT = Path(__file__).with_name("rabbitmq_consumer.py")
-
-
-def _whole_journal(hub: iqbridge.Hub) -> list[JournalEntry]:
-    entries: list[JournalEntry] = []
-    after = 0
-    while batch := hub.journal(after=after, limit=20_000):
-        entries.extend(batch)
-        after = batch[-1].seq or 0
-    return entries
 
 
 @pytest.mark.timeout(300)
@@ -142,15 +133,7 @@ def test_consumers_killed_50_times_lose_nothing_and_process_each_message_once(
             publisher.join(120)
             assert not put_error, f"the publisher failed: {put_error[0]!r}"
             assert len(ids) == N
-            deadline = time.monotonic() + 120
-            while (done_rows := rows()) < 3 * N:
-                for name, proc in procs.items():
-                    assert proc.poll() is None, (
-                        f"consumer {name} exited with {proc.returncode}:\n"
-                        + (tmp_path / f"{name}.stderr").read_text(errors="replace")[-3000:]
-                    )
-                assert time.monotonic() < deadline, f"only {done_rows} of {3 * N} rows"
-                time.sleep(0.2)
+            wait_for_rows(rows, 3 * N, procs, tmp_path)
             drained_s = time.monotonic() - t0
             # Anything still due (a duplicate row, a late DONE) would show up now.
             time.sleep(1.0)
@@ -162,40 +145,8 @@ def test_consumers_killed_50_times_lose_nothing_and_process_each_message_once(
                 proc.wait(10)
 
         # --- the application's record: 0 lost, 0 processed twice ---------------------------
-        with app.connect() as conn:
-            recorded = conn.execute(
-                sa.select(table.c.grp, table.c.member, table.c.msg_id, table.c.attempt)
-            ).all()
-        app.dispose()
         assert sum(kills.values()) == KILLS
-        per_group: dict[str, Counter[str]] = defaultdict(Counter)
-        for r in recorded:
-            per_group[r.grp][r.msg_id] += 1
-        assert sorted(per_group) == ["a", "b", "pool"]
-        for grp, counts in per_group.items():
-            twice = [m for m, n in counts.items() if n > 1]
-            lost = set(ids) - set(counts)
-            assert not twice, f"{grp}: {len(twice)} message(s) processed twice, e.g. {twice[:3]}"
-            assert not lost, f"{grp}: {len(lost)} message(s) lost, e.g. {sorted(lost)[:3]}"
-            assert set(counts) == set(ids), f"{grp}: rows for messages nobody put"
-        assert len(recorded) == 3 * N
-        by_member = Counter(r.member for r in recorded)
-        assert by_member["m1"] > 0 and by_member["m2"] > 0, f"no competition: {by_member}"
-        committed = {(r.msg_id, r.member): r.attempt for r in recorded}
-
-        # --- the index: every member finished, one DONE each, by the recorded attempt -------
-        summaries = queue.search(state=PublisherState.JOURNALLED, limit=N + 1)
-        assert len(summaries) == N
-        assert {s.msg_id for s in summaries} == set(ids)
-        assert {st for s in summaries for st in s.subscribers.values()} == {S.JOURNALLED}
-        assert {frozenset(s.subscribers) for s in summaries} == {frozenset({"a", "b", "m1", "m2"})}
-        done = [
-            e
-            for e in _whole_journal(hub)
-            if e.actor_kind is ActorKind.SUBSCRIBER and e.dst == S.DONE.value
-        ]
-        assert len(done) == 3 * N, f"{len(done)} DONE moves for {3 * N} deliveries"
-        assert {(e.msg_id, e.actor): e.attempt for e in done} == committed
+        committed, by_member = check_once_only(app, table, ids, queue, hub)
         check_s = time.monotonic() - t0 - drained_s
 
     lines = [line.split() for line in claims.read_text().splitlines()]
