@@ -583,13 +583,18 @@ class KafkaAdapter:
                     except KafkaException as exc:
                         raise self._wrap(exc, f"starting a consumer of {topic!r}") from exc
                     self._feeds[key] = feed
-        if not feed.assigned.is_set() and not feed.assigned.wait(self.join_timeout):
-            self._check_down()
-            log.warning(
-                "Kafka group %s: no partitions assigned within %g s (join_timeout)",
-                self.group_id(queue, group),
-                self.join_timeout,
-            )
+        if not feed.assigned.is_set() and not feed.join_waited:
+            # The first get of a new consumer waits for its group's assignment (the
+            # rebalance); later ones only for their own timeout, so a group that takes
+            # long to assign never holds every get for join_timeout.
+            feed.join_waited = True
+            if not feed.assigned.wait(self.join_timeout):
+                self._check_down()
+                log.warning(
+                    "Kafka group %s: no partitions assigned within %g s (join_timeout)",
+                    self.group_id(queue, group),
+                    self.join_timeout,
+                )
         return feed
 
     def receive(

@@ -114,8 +114,10 @@ class Feed:
         self._on_error = on_error
         self.lock = threading.Condition(threading.RLock())
         self.parts: dict[int, Part] = {}
-        #: Set once the first assignment (maybe empty) arrived.
+        #: Set once the first assignment (maybe empty) arrived; whether a get waited
+        #: for it already.
         self.assigned = threading.Event()
+        self.join_waited = False
         self.generation = 0
         self._commands: list[Callable[[Consumer], None]] = []
         self._stop = False
