@@ -89,8 +89,7 @@ def addressed_to(headers: Headers) -> list[str] | None:
     ``iq-to``: addressed to all, or a stranger's record)."""
     for name, value in header_items(headers):
         if name == _TO and value is not None:
-            groups = orjson.loads(value if isinstance(value, bytes) else value.encode())
-            return [str(g) for g in groups] if isinstance(groups, list) else None
+            return _names(value)
     return None
 
 
@@ -135,7 +134,7 @@ def decode(
             put_at=max(timestamp_ms, 0) * 1000,
         )
         return env, True
-    groups = orjson.loads(fields[_TO]) if _TO in fields else []
+    groups = _names(fields.get(_TO)) or []
     env = Envelope(
         msg_id=fields[_ID],
         body=body,
@@ -145,12 +144,24 @@ def decode(
         correlation_id=fields.get(_CORR),
         priority=_int(fields.get(_PRIO), 4),
         ordering_key=ordering_key,
-        parents=tuple(orjson.loads(fields[_PARENTS])) if _PARENTS in fields else (),
+        parents=tuple(_names(fields.get(_PARENTS)) or ()),
         put_at=_int(fields.get(_AT), 0),
         groups=tuple(str(g) for g in groups),
         expires_at=_int(fields.get(_EXP), 0) or None,
     )
     return env, False
+
+
+def _names(raw: str | bytes | None) -> list[str] | None:
+    """A JSON list of names from a header; None when absent or malformed (a header
+    another producer set by our name must not stop the consumer)."""
+    if raw is None:
+        return None
+    try:
+        names = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return [str(n) for n in names] if isinstance(names, list) else None
 
 
 def header_text(raw: str | bytes | None) -> str:

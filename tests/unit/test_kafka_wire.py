@@ -53,3 +53,11 @@ def test_a_strangers_record_is_adopted_under_topic_partition_and_offset() -> Non
 def test_native_references() -> None:
     assert ref(3, 17) == "3:17"
     assert parse_ref("3:17") == (3, 17)
+
+
+def test_malformed_iq_headers_do_not_stop_the_reader() -> None:
+    headers = [("iq-id", b"m"), ("iq-to", b"{not json"), ("iq-parents", b"7"), ("iq-prio", b"x")]
+    assert addressed_to(headers) is None  # for every group: the index decides
+    env, adopted = decode("t", 0, 1, None, b"v", headers, 0)
+    assert not adopted
+    assert (env.msg_id, env.groups, env.parents, env.priority) == ("m", (), (), 4)
