@@ -76,7 +76,7 @@ from iqbridge.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 from iqbridge.model import Envelope, Received
 from iqbridge.stores.sqlite import SqliteStore
 
-from .kafka_feed import Feed  # noqa: TID251
+from .kafka_feed import Feed, FeedFailed  # noqa: TID251
 from .kafka_wire import Header, encode, header_items, header_text, parse_ref, ref  # noqa: TID251
 
 __all__ = ["KafkaAdapter"]
@@ -622,6 +622,8 @@ class KafkaAdapter:
                 out = feed.take(consumer, count, min_idle, time.monotonic())
             except KafkaException as exc:
                 raise self._wrap(exc, f"reading {feed.topic!r}") from exc
+            except FeedFailed as exc:
+                raise self._unavailable(str(exc)) from exc
             if out:
                 return out
             now = time.monotonic()

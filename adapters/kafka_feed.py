@@ -35,7 +35,7 @@ from iqbridge.model import Envelope, Received
 
 from .kafka_wire import addressed_to, decode, ref  # noqa: TID251
 
-__all__ = ["Feed", "Record"]
+__all__ = ["Feed", "FeedFailed", "Record"]
 
 log = logging.getLogger("iqbridge.adapters.kafka")
 
@@ -46,6 +46,10 @@ _CONSUME = 500
 _POLL = 0.05
 #: Offsets are committed at most this often (seconds), and at once when a partition goes.
 _COMMIT_EVERY = 0.05
+
+
+class FeedFailed(Exception):
+    """The feed's consumer thread stopped on an error; its gets cannot go on."""
 
 
 @dataclass(slots=True)
@@ -77,6 +81,8 @@ class Part:
     unsettled: dict[int, Record] = field(default_factory=dict)
     #: Offsets of unsettled records not handed out, ascending.
     ready: list[int] = field(default_factory=list)
+    #: Unsettled records handed out, by offset (what the key fence looks at).
+    held: dict[int, Record] = field(default_factory=dict)
     #: The next offset to read (last read + 1), or the start (committed) before any read.
     next: int = -1
     committed: int = -1
@@ -324,16 +330,16 @@ class Feed:
         out: list[Received] = []
         with self.lock:
             if self.failure is not None:
-                raise self.failure
+                raise FeedFailed(
+                    f"the consumer of {self.group} on {self.topic} failed: {self.failure}"
+                )
             for part in self.parts.values():
                 if len(out) >= count:
                     break
                 # Per key: may this consumer take its next record?
                 blocked: set[str] = set()
                 idle: list[Record] = []
-                for rec in part.unsettled.values():
-                    if not rec.consumer:
-                        continue
+                for rec in part.held.values():
                     lapsed = min_idle is not None and now - rec.since >= min_idle
                     if lapsed:
                         idle.append(rec)
@@ -356,7 +362,10 @@ class Feed:
                         continue
                     taken.append(offset)
                     out.append(self._hand(rec, consumer, now))
-                if taken:
+                    part.held[offset] = rec
+                if taken == part.ready[: len(taken)]:
+                    del part.ready[: len(taken)]  # the usual case: the oldest ones went
+                else:
                     gone = set(taken)
                     part.ready = [o for o in part.ready if o not in gone]
         return out
@@ -388,6 +397,7 @@ class Feed:
                     continue  # not read by this process (or its partition went)
                 part, rec = found
                 del part.unsettled[rec.offset]
+                part.held.pop(rec.offset, None)
                 if not rec.consumer:
                     i = bisect.bisect_left(part.ready, rec.offset)
                     if i < len(part.ready) and part.ready[i] == rec.offset:
@@ -401,6 +411,7 @@ class Feed:
             if found is None or not found[1].consumer:
                 return False
             part, rec = found
+            part.held.pop(rec.offset, None)
             rec.consumer = ""
             rec.elsewhere = False
             rec.count += 1

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Sequence
 
 from iqbridge import engine
-from iqbridge.adapter import Fenced
 from iqbridge.batch import Batch
 from iqbridge.delivery import Delivery
 from iqbridge.engine import Change
@@ -228,7 +227,7 @@ class Getting(Settling, Housekeeping):
         only messages whose partition this process reads (another process's reader hands
         its own out again, in key order)."""
         store = self._store
-        fenced = self._adapter if owned_only and isinstance(self._adapter, Fenced) else None
+        fenced = self._fenced if owned_only else None
         claims: list[tuple[MessageRecord, Change, str]] = []
         with store.atomic():
             # Waiting for another process's write lock can take a while: the claim
@@ -382,7 +381,7 @@ class Getting(Settling, Housekeeping):
         loaded = store.load_many(unread) if unread else {}
         acks: dict[str, list[str]] = {}
         pending: dict[str, list[str]] = {}
-        fenced = isinstance(self._adapter, Fenced)
+        fenced = self._fenced is not None
         #: (group, ordering key) of deliveries left pending: a later one of the same key
         #: in this batch is given back, not claimed (a fencing adapter keeps key order).
         held_keys: set[tuple[str, str]] = set()
@@ -446,9 +445,9 @@ class Getting(Settling, Housekeeping):
                     held_keys.add((group, env.ordering_key))
         for group, refs in acks.items():
             self._adapter.ack(self.name, group, refs)
-        if pending and isinstance(self._adapter, Fenced):
+        if pending and self._fenced is not None:
             for group, refs in pending.items():
-                self._adapter.left_pending(self.name, group, refs)
+                self._fenced.left_pending(self.name, group, refs)
         return claims, again
 
     def _delivered(

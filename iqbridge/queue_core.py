@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Protocol
 
-from iqbridge.adapter import Adapter, Colocated
+from iqbridge.adapter import Adapter, Colocated, Fenced
 from iqbridge.engine import Change
 from iqbridge.errors import ConcurrentUpdate, InvalidArgument, IQError, MessageNotFound
 from iqbridge.model import Envelope, MessageRecord, Subscriptions
@@ -102,6 +102,8 @@ class QueueCore:
         #: Puts keep a copy of each payload beside the index (the broker forgets them).
         self.retain = forgets if retain is None else retain
         self._reads_by_ref = hub.adapter.capabilities.read_by_ref
+        #: The adapter fences ordering keys (Kafka), asked once, not on every get.
+        self._fenced: Fenced | None = hub.adapter if isinstance(hub.adapter, Fenced) else None
 
     def _now(self) -> int:
         return self.hub.now_us()
