@@ -46,6 +46,7 @@ from iqbridge.model import (
     SubscriberView,
     Subscriptions,
 )
+from iqbridge.putting import Outgoing
 from iqbridge.queue import Browse, Queue
 from iqbridge.retry import RetryPolicy
 from iqbridge.states import Mode, PublisherState, SubscriberState
@@ -78,6 +79,7 @@ __all__ = [
     "MessageSummary",
     "MessageTooLarge",
     "Mode",
+    "Outgoing",
     "PayloadError",
     "PayloadNotRetained",
     "Pool",

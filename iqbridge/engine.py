@@ -511,6 +511,30 @@ def expire_due(rec: MessageRecord, now: int) -> Change | None:
     return step.finish()
 
 
+def reclaim(rec: MessageRecord, owner: str, now: int, reason: str) -> Change | None:
+    """Give back at once what ``owner`` holds, as if its leases had run out: the holder
+    is known to be gone (a restarted process on the same host, a bridge route taken
+    over). In-doubt members held by ``owner`` go back to AVAILABLE with attempt + 1, or
+    UNUSABLE once ``max_attempts`` is used up. Returns None when ``owner`` holds nothing.
+    """
+    step = _Step(rec, now)
+    r = step.rec
+    for member in r.members.values():
+        if member.state in IN_DOUBT and member.lease_owner == owner:
+            if member.attempt >= r.max_attempts:
+                step.sub(
+                    member,
+                    SubEvent.UNUSABLE,
+                    f"{reason} on attempt {member.attempt} of {r.max_attempts}",
+                )
+                step.sub(member, SubEvent.JOURNAL)
+            else:
+                _release(step, member, reason, 0)
+    if not step.journal:
+        return None
+    return step.finish()
+
+
 # --- browse locks (not state changes: the record changes, no journal entry) ---------
 
 

@@ -7,7 +7,9 @@ from datetime import timedelta
 
 from iqbridge import engine
 from iqbridge.errors import MessageNotFound
+from iqbridge.model import Filter
 from iqbridge.queue_core import QueueCore, to_seconds
+from iqbridge.states import SubscriberState
 
 __all__ = ["Housekeeping"]
 
@@ -36,6 +38,38 @@ class Housekeeping(QueueCore):
         if changed:
             self.hub.notify()
         return changed
+
+    def reclaim(self, subscriber: str, owner: str, reason: str | None = None) -> list[str]:
+        """Give back now every message ``subscriber`` holds under ``owner`` (the
+        ``subscriber@client_id`` a get records), as if the holder's leases had run out:
+        for a holder known to be gone, without waiting for its leases. Returns the
+        msg_ids given back (AVAILABLE with attempt + 1, or UNUSABLE past max_attempts),
+        oldest first. Every change goes through the state engine and is journalled."""
+        why = reason or f"holder {owner} is gone"
+        out: list[str] = []
+        seen: set[str] = set()
+        for state in (SubscriberState.FETCHED, SubscriberState.IN_PROCESS):
+            while True:
+                hits = self._store.search(
+                    self.name, Filter(state=state, subscriber=subscriber, limit=500)
+                )
+                fresh = [h for h in hits if h.msg_id not in seen]
+                for hit in fresh:
+                    seen.add(hit.msg_id)
+                    try:
+                        change = self._apply(
+                            hit.msg_id, lambda r: engine.reclaim(r, owner, self._now(), why)
+                        )
+                    except MessageNotFound:
+                        continue
+                    if change is not None:
+                        self._wake(change.record)
+                        out.append(hit.msg_id)
+                if len(hits) < 500 or not fresh:
+                    break
+        if out:
+            self.hub.notify()
+        return out
 
     def purge(self, older_than: float | timedelta) -> int:
         """Delete messages JOURNALLED longer than ``older_than`` (seconds or timedelta),

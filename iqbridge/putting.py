@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from iqbridge import engine
@@ -27,7 +28,76 @@ from iqbridge.subscribing import AudienceSpec, Subscribing
 
 _MSG_ID_MAX = 128
 
-__all__ = ["Putting"]
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message of :meth:`Putting.put_each`, with its own options (as for ``put``)."""
+
+    payload: object
+    msg_id: str | None = None
+    correlation_id: str | None = None
+    priority: int = 4
+    ordering_key: str | None = None
+    ttl: float | timedelta | None = None
+    parents: Sequence[str] = ()
+    headers: Mapping[str, str] | None = None
+    content_type: str | None = None
+    publisher: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """A message's options, checked."""
+
+    publisher: str
+    correlation_id: str | None
+    priority: int
+    ordering_key: str | None
+    ttl: float | None
+    parents: tuple[str, ...]
+    headers: dict[str, str]
+    content_type: str | None
+
+    @classmethod
+    def checked(
+        cls,
+        publisher: str,
+        correlation_id: str | None,
+        priority: int,
+        ordering_key: str | None,
+        ttl: float | None,
+        parents: tuple[str, ...],
+        headers: Mapping[str, str] | None,
+        content_type: str | None,
+    ) -> _Spec:
+        if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
+            raise InvalidArgument(f"priority must be an int from 0 to 9, got {priority!r}")
+        hdrs = dict(headers or {})
+        for k, v in hdrs.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise InvalidArgument("headers must map str to str")
+            check_text(f"header {k!r}", v)
+            check_text("header name", k)
+        if correlation_id is not None:
+            check_text("correlation_id", correlation_id)
+        if ordering_key is not None:
+            check_text("ordering_key", ordering_key)
+        for p in parents:
+            if not isinstance(p, str):
+                raise InvalidArgument("parents must be msg_id strings")
+        return cls(
+            check_name("publisher", publisher),
+            correlation_id,
+            priority,
+            ordering_key,
+            ttl,
+            parents,
+            hdrs,
+            content_type,
+        )
+
+
+__all__ = ["Outgoing", "Putting"]
 
 log = logging.getLogger("iqbridge")
 
@@ -104,46 +174,97 @@ class Putting(Subscribing):
         is safe to repeat with the same ids and arguments: unlike a plain put, it leaves
         the index record in place for the repeat to finish, instead of withdrawing it.
         """
-        if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
-            raise InvalidArgument(f"priority must be an int from 0 to 9, got {priority!r}")
-        hdrs = dict(headers or {})
-        for k, v in hdrs.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise InvalidArgument("headers must map str to str")
-            check_text(f"header {k!r}", v)
-            check_text("header name", k)
-        if correlation_id is not None:
-            check_text("correlation_id", correlation_id)
-        if ordering_key is not None:
-            check_text("ordering_key", ordering_key)
-        ttl_s = to_seconds(ttl, "ttl")
-        publisher = check_name("publisher", publisher or self.hub.publisher)
-        parent_ids = tuple(parents)
+        spec = _Spec.checked(
+            publisher or self.hub.publisher,
+            correlation_id,
+            priority,
+            ordering_key,
+            to_seconds(ttl, "ttl"),
+            tuple(parents),
+            headers,
+            content_type,
+        )
         items = list(payloads)
-        ids = self._check_ids(msg_ids, len(items)) if msg_ids is not None else None
+        return self._put_specs(
+            [(payload, spec) for payload in items],
+            msg_ids=msg_ids,
+            to=to,
+            confirm=confirm,
+        )
+
+    def put_each(
+        self,
+        messages: Iterable[Outgoing],
+        *,
+        to: AudienceSpec | None = None,
+        confirm: bool = False,
+    ) -> list[str]:
+        """Put several messages, each with its own options (:class:`Outgoing`), in one
+        transaction, as :meth:`put_many` does; return their ids in order.
+
+        A message with a ``msg_id`` is put idempotently (see :meth:`put_many`); either
+        every message has one or none has. This is the put of a bridge or relay whose
+        messages carry their own keys, parents and headers, at the cost of one batch."""
+        outs = list(messages)
+        if not outs:
+            return []
+        for o in outs:
+            if not isinstance(o, Outgoing):
+                raise InvalidArgument(f"put_each takes Outgoing messages, got {type(o).__name__}")
+        with_ids = [o.msg_id is not None for o in outs]
+        if any(with_ids) and not all(with_ids):
+            raise InvalidArgument("give every message of a put_each a msg_id, or none")
+        pairs = [
+            (
+                o.payload,
+                _Spec.checked(
+                    o.publisher or self.hub.publisher,
+                    o.correlation_id,
+                    o.priority,
+                    o.ordering_key,
+                    to_seconds(o.ttl, "ttl"),
+                    tuple(o.parents),
+                    o.headers,
+                    o.content_type,
+                ),
+            )
+            for o in outs
+        ]
+        ids = [o.msg_id or "" for o in outs] if all(with_ids) else None
+        return self._put_specs(pairs, msg_ids=ids, to=to, confirm=confirm)
+
+    def _put_specs(
+        self,
+        pairs: list[tuple[object, _Spec]],
+        *,
+        msg_ids: Sequence[str] | None,
+        to: AudienceSpec | None,
+        confirm: bool,
+    ) -> list[str]:
+        ids = self._check_ids(msg_ids, len(pairs)) if msg_ids is not None else None
         audience = self._audience(to)
         now = self._now()
-        expires_at = now + int(ttl_s * 1_000_000) if ttl_s is not None else None
         limit = min(self.max_bytes, self._adapter.capabilities.max_payload_bytes)
         envelopes: list[Envelope] = []
         changes: list[Change] = []
         groups = (*audience.subscribers, *(p.name for p in audience.pools))
-        for i, payload in enumerate(items):
-            body, ctype = encode(payload, content_type)
+        for i, (payload, spec) in enumerate(pairs):
+            body, ctype = encode(payload, spec.content_type)
             if len(body) > limit:
                 raise MessageTooLarge(len(body), limit, self.name)
             msg_id = ids[i] if ids is not None else new_id()
+            expires_at = now + int(spec.ttl * 1_000_000) if spec.ttl is not None else None
             envelopes.append(
                 Envelope(
                     msg_id=msg_id,
                     body=body,
                     content_type=ctype,
-                    headers=hdrs,
-                    publisher=publisher,
-                    correlation_id=correlation_id,
-                    priority=priority,
-                    ordering_key=ordering_key or publisher,
-                    parents=parent_ids,
+                    headers=spec.headers,
+                    publisher=spec.publisher,
+                    correlation_id=spec.correlation_id,
+                    priority=spec.priority,
+                    ordering_key=spec.ordering_key or spec.publisher,
+                    parents=spec.parents,
                     put_at=now,
                     groups=groups,
                     expires_at=expires_at,
@@ -153,13 +274,13 @@ class Putting(Subscribing):
                 engine.new_message(
                     msg_id=msg_id,
                     queue=self.name,
-                    publisher=publisher,
+                    publisher=spec.publisher,
                     audience=audience,
                     now=now,
-                    ordering_key=ordering_key,
-                    correlation_id=correlation_id,
-                    priority=priority,
-                    parents=parent_ids,
+                    ordering_key=spec.ordering_key,
+                    correlation_id=spec.correlation_id,
+                    priority=spec.priority,
+                    parents=spec.parents,
                     expires_at=expires_at,
                     max_attempts=self.retry.max_attempts,
                     content_type=ctype,
@@ -169,7 +290,7 @@ class Putting(Subscribing):
             )
             if self.retain:
                 # The broker forgets: a copy beside the index, in the same commit.
-                changes[-1].retain = Retained(body, hdrs)
+                changes[-1].retain = Retained(body, spec.headers)
         if not envelopes:
             return []
         if ids is not None:
