@@ -511,16 +511,17 @@ def expire_due(rec: MessageRecord, now: int) -> Change | None:
     return step.finish()
 
 
-def reclaim(rec: MessageRecord, owner: str, now: int, reason: str) -> Change | None:
+def reclaim(rec: MessageRecord, owner: str | None, now: int, reason: str) -> Change | None:
     """Give back at once what ``owner`` holds, as if its leases had run out: the holder
     is known to be gone (a restarted process on the same host, a bridge route taken
     over). In-doubt members held by ``owner`` go back to AVAILABLE with attempt + 1, or
-    UNUSABLE once ``max_attempts`` is used up. Returns None when ``owner`` holds nothing.
+    UNUSABLE once ``max_attempts`` is used up; ``owner=None`` gives back every holder's.
+    Returns None when nothing is given back.
     """
     step = _Step(rec, now)
     r = step.rec
     for member in r.members.values():
-        if member.state in IN_DOUBT and member.lease_owner == owner:
+        if member.state in IN_DOUBT and owner in (None, member.lease_owner):
             if member.attempt >= r.max_attempts:
                 step.sub(
                     member,

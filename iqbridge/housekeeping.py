@@ -39,13 +39,16 @@ class Housekeeping(QueueCore):
             self.hub.notify()
         return changed
 
-    def reclaim(self, subscriber: str, owner: str, reason: str | None = None) -> list[str]:
+    def reclaim(
+        self, subscriber: str, owner: str | None = None, reason: str | None = None
+    ) -> list[str]:
         """Give back now every message ``subscriber`` holds under ``owner`` (the
-        ``subscriber@client_id`` a get records), as if the holder's leases had run out:
-        for a holder known to be gone, without waiting for its leases. Returns the
+        ``subscriber@client_id`` a get records; None: whoever holds it), as if the
+        holder's leases had run out: for a holder known to be gone, without waiting for
+        its leases (a restarted process, a bridge route taken over). Returns the
         msg_ids given back (AVAILABLE with attempt + 1, or UNUSABLE past max_attempts),
         oldest first. Every change goes through the state engine and is journalled."""
-        why = reason or f"holder {owner} is gone"
+        why = reason or (f"holder {owner} is gone" if owner else "holder is gone")
         out: list[str] = []
         seen: set[str] = set()
         for state in (SubscriberState.FETCHED, SubscriberState.IN_PROCESS):

@@ -30,6 +30,8 @@ class Settings:
     debug: bool = False
     out: Console = field(default_factory=lambda: Console(highlight=False))
     err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    #: Passwords a command learnt of (a bridge config's URLs), scrubbed like the rest.
+    more_secrets: list[str] = field(default_factory=list)
 
     @property
     def safe_url(self) -> str:
@@ -38,7 +40,7 @@ class Settings:
 
     def secrets(self) -> list[str]:
         """Passwords in the URLs given, to scrub from anything printed."""
-        found: list[str] = []
+        found: list[str] = list(self.more_secrets)
         for url in (self.url, self.index):
             if not url:
                 continue

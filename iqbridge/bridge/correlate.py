@@ -1,0 +1,314 @@
+"""Correlation on a route (seed 000, "combining multiple messages into a single
+message"): the children sharing a key are combined into one aggregate.
+
+Pending state lives in the index, never only in memory: each input is put, as it
+arrives, on the route's staging queue on the bridge's state hub
+(``iq.bridge.<bridge>.<route>.groups``) with a msg_id derived from its parent and the
+group key as its correlation id, before its source message goes DONE. A group completes
+on ``count``, on the ``complete`` predicate, on ``timeout`` seconds after its first
+input (the index's put time, so timeouts fire after a restart too) or early when the
+route's ``max_groups`` / ``max_bytes`` budget is exceeded (oldest first). Completing
+puts the aggregate (msg_id derived from the route, the key and the group's first input;
+parents: every input's source message) on the destination, then withdraws the inputs
+from the staging queue (journalled "aggregated into <id>"). A restart reads the staging
+queue back; a group whose aggregate the destination already has (the crash came between
+the two steps) is only withdrawn, never aggregated twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from iqbridge.bridge.config import Correlate
+from iqbridge.bridge.translate import BridgeMessage, child_id, load_callable
+from iqbridge.errors import MessageNotFound
+from iqbridge.hub import Hub
+from iqbridge.model import Filter
+from iqbridge.payload import decode
+from iqbridge.putting import Outgoing
+from iqbridge.queue import Queue
+from iqbridge.states import PublisherState
+
+__all__ = ["Correlator", "Group"]
+
+log = logging.getLogger("iqbridge.bridge")
+
+_AGGREGATOR = "aggregator"
+
+
+@dataclass(slots=True)
+class Group:
+    """One pending group: its inputs in arrival order."""
+
+    key: str
+    started: float  # epoch seconds of its first input's put
+    members: list[BridgeMessage] = field(default_factory=list)
+    size: int = 0
+
+
+class Correlator:
+    """The aggregation of one route (see the module documentation). Thread-safe."""
+
+    def __init__(
+        self,
+        spec: Correlate,
+        route: str,
+        state: Hub,
+        bridge: str,
+        emit: Callable[[list[Outgoing]], None],
+        publisher: str,
+    ) -> None:
+        self.spec = spec
+        self.route = route
+        self.emit = emit
+        self.publisher = publisher
+        self.staging: Queue = state.queue(f"iq.bridge.{bridge}.{route}.groups")
+        self._groups: dict[str, Group] = {}
+        self._bytes = 0
+        self._lock = threading.RLock()
+        where = f"route {route!r}, field correlate"
+        self._key_fn = load_callable(spec.key, f"{where}.key") if ":" in spec.key else None
+        self._complete = (
+            load_callable(spec.complete, f"{where}.complete") if spec.complete else None
+        )
+        self._combine = load_callable(spec.combine, f"{where}.combine") if spec.combine else None
+        self.completed = 0
+
+    # --- keys and inputs --------------------------------------------------------------
+
+    def key_of(self, msg: BridgeMessage) -> str:
+        """The group key of one input."""
+        k = self.spec.key
+        if self._key_fn is not None:
+            got = self._key_fn(msg)
+        elif k == "correlation_id":
+            got = msg.correlation_id
+        elif k == "ordering_key":
+            got = msg.ordering_key
+        else:
+            got = msg.headers.get(k[len("header:") :])
+        if not isinstance(got, str) or not got:
+            raise ValueError(f"message {msg.msg_id} has no group key ({k})")
+        return got
+
+    def stage(self, children: Sequence[Outgoing], parents: Sequence[str]) -> None:
+        """Record inputs in the index (idempotent by msg_id), then add them to their
+        groups; completes what they complete. ``parents[i]`` is children[i]'s source."""
+        if not children:
+            return
+        msgs: list[tuple[Outgoing, BridgeMessage]] = []
+        for out, parent in zip(children, parents, strict=True):
+            body = out.payload if isinstance(out.payload, bytes) else None
+            view = BridgeMessage(
+                out.msg_id or "",
+                self.staging.name,
+                body if body is not None else json.dumps(out.payload).encode(),
+                out.content_type or "application/octet-stream",
+                dict(out.headers or {}),
+                out.correlation_id,
+                out.priority,
+                out.ordering_key or "",
+                out.publisher or self.publisher,
+                (parent,),
+            )
+            key = self.key_of(view)
+            msgs.append(
+                (
+                    Outgoing(
+                        view.body,
+                        msg_id=out.msg_id,
+                        correlation_id=key,
+                        priority=out.priority,
+                        ordering_key=out.ordering_key,
+                        parents=(parent,),
+                        headers=out.headers,
+                        content_type=view.content_type,
+                        publisher=self.publisher,
+                    ),
+                    view,
+                )
+            )
+        self.staging.put_each([m for m, _ in msgs], to=[_AGGREGATOR])
+        now = time.time()
+        with self._lock:
+            for out, view in msgs:
+                self._add(str(out.correlation_id), view, now)
+            self._enforce_budget()
+
+    def _add(self, key: str, view: BridgeMessage, started: float) -> None:
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = Group(key, started)
+        if all(m.msg_id != view.msg_id for m in group.members):  # else staged again
+            group.members.append(view)
+            group.size += len(view.body)
+            self._bytes += len(view.body)
+        if self._is_complete(group):
+            self._finish(group, "complete")
+
+    def _is_complete(self, group: Group) -> bool:
+        if self.spec.count is not None and len(group.members) >= self.spec.count:
+            return True
+        return self._complete is not None and bool(self._complete(list(group.members)))
+
+    def _enforce_budget(self) -> None:
+        while self._groups and (
+            len(self._groups) > self.spec.max_groups or self._bytes > self.spec.max_bytes
+        ):
+            oldest = min(self._groups.values(), key=lambda g: g.started)
+            log.warning(
+                "route %s: aggregation budget reached (%d groups, %d bytes): completing "
+                "group %r early",
+                self.route,
+                len(self._groups),
+                self._bytes,
+                oldest.key,
+            )
+            self._finish(oldest, "budget")
+
+    # --- completing -------------------------------------------------------------------
+
+    def aggregate_id(self, group: Group) -> str:
+        """The aggregate's msg_id: the route, the key and the group's first input."""
+        return child_id(self.route + "#aggregate", (group.key, group.members[0].msg_id))
+
+    def _finish(self, group: Group, why: str) -> None:
+        members = group.members
+        if self.spec.count is not None and len(members) > self.spec.count:
+            members = members[: self.spec.count]
+        payload: Any
+        if self._combine is not None:
+            payload = self._combine(list(members))
+        else:
+            payload = [_value(m) for m in members]
+        first = members[0]
+        agg = Outgoing(
+            payload if not isinstance(payload, list) else json.dumps(payload).encode(),
+            msg_id=self.aggregate_id(group),
+            correlation_id=group.key,
+            priority=max(m.priority for m in members),
+            ordering_key=first.ordering_key or group.key,
+            parents=tuple(m.parents[0] for m in members),
+            headers={"iq-aggregate": why, "iq-aggregate-size": str(len(members))},
+            content_type="application/json" if isinstance(payload, list) else None,
+            publisher=self.publisher,
+        )
+        self.emit([agg])
+        self._retire(group, members, str(agg.msg_id))
+        self.completed += 1
+
+    def _retire(self, group: Group, members: Sequence[BridgeMessage], agg_id: str) -> None:
+        for m in members:
+            with contextlib.suppress(MessageNotFound):
+                self.staging.withdraw(m.msg_id, reason=f"aggregated into {agg_id}")
+        done = {m.msg_id for m in members}
+        rest = [m for m in group.members if m.msg_id not in done]
+        self._bytes -= sum(len(m.body) for m in members)
+        del self._groups[group.key]
+        for m in rest:  # past the count: they start the next group of the key
+            self._add(group.key, m, time.time())
+
+    def expire(self, now: float | None = None) -> int:
+        """Complete the groups whose timeout passed; returns how many."""
+        if self.spec.timeout is None:
+            return 0
+        t = time.time() if now is None else now
+        with self._lock:
+            due = [g for g in self._groups.values() if g.started + self.spec.timeout <= t]
+            for g in due:
+                self._finish(g, "timeout")
+        return len(due)
+
+    # --- after a restart --------------------------------------------------------------
+
+    def load(self, destination: Queue) -> int:
+        """Read the pending inputs back from the staging queue; withdraw those whose
+        aggregate the destination already has. Returns the inputs pending."""
+        found: list[tuple[float, BridgeMessage]] = []
+        seen: set[str] = set()
+        since = None
+        while True:
+            hits = self.staging.search(
+                Filter(state=PublisherState.REVEALED, since=since, limit=1000)
+            )
+            fresh = [h for h in hits if h.msg_id not in seen]
+            for h in fresh:
+                seen.add(h.msg_id)
+                env = self.staging.peek(h.msg_id)
+                view = BridgeMessage(
+                    h.msg_id,
+                    self.staging.name,
+                    env.body,
+                    env.content_type,
+                    dict(env.headers),
+                    h.correlation_id,
+                    env.priority,
+                    env.ordering_key,
+                    env.publisher,
+                    tuple(h.parents),
+                )
+                found.append((h.created_at.timestamp(), view))
+            if len(hits) < 1000 or not fresh:
+                break
+            since = hits[-1].created_at
+        found.sort(key=lambda p: p[0])
+        with self._lock:
+            self._groups.clear()
+            self._bytes = 0
+            for started, view in found:
+                key = view.correlation_id or ""
+                group = self._groups.get(key)
+                if group is None:
+                    group = self._groups[key] = Group(key, started)
+                if any(m.msg_id == view.msg_id for m in group.members):
+                    continue
+                group.members.append(view)
+                group.size += len(view.body)
+                self._bytes += len(view.body)
+            for group in list(self._groups.values()):
+                agg = self.aggregate_id(group)
+                try:
+                    have = destination.state(agg)
+                except MessageNotFound:
+                    continue
+                parents = set(have.parents)
+                members = [m for m in group.members if m.parents and m.parents[0] in parents]
+                log.info("route %s: aggregate %s was put before a crash", self.route, agg)
+                self._retire(group, members, agg)
+            for group in list(self._groups.values()):
+                if group.key in self._groups and self._is_complete(group):
+                    self._finish(group, "complete")
+        return self.pending
+
+    @property
+    def pending(self) -> int:
+        """Inputs waiting in open groups."""
+        with self._lock:
+            return sum(len(g.members) for g in self._groups.values())
+
+    @property
+    def groups(self) -> int:
+        """Open groups."""
+        with self._lock:
+            return len(self._groups)
+
+
+def _value(m: BridgeMessage) -> Any:
+    """An input's payload as a JSON value for the default aggregate."""
+    try:
+        value = decode(m.body, m.content_type)
+    except Exception:
+        value = m.body
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value.hex()
+    return value

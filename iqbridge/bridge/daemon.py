@@ -1,0 +1,247 @@
+"""The bridge daemon: every route of a configuration, with a health record.
+
+::
+
+    bridge = Bridge(load_config("bridge.yaml"))
+    bridge.run()                     # until SIGTERM / Ctrl-C / bridge.stop()
+
+Stopping (SIGTERM, Ctrl-C, :meth:`Bridge.stop`) stops reading, lets every lane finish
+what it holds (put, settle), gives back what waits for a retry, and releases the route
+leases, so nothing is left in doubt and a standby can take over at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType, TracebackType
+
+from iqbridge.bridge.config import BridgeConfig
+from iqbridge.bridge.route import RouteRunner, RouteStats
+from iqbridge.errors import IQError
+from iqbridge.hub import Hub, connect
+
+__all__ = ["Bridge", "check_health"]
+
+log = logging.getLogger("iqbridge.bridge")
+
+
+class Bridge:
+    """Runs every route of ``config`` (see the module documentation)."""
+
+    def __init__(self, config: BridgeConfig) -> None:
+        self.config = config
+        self._hubs: dict[tuple[str, str | None], Hub] = {}
+        self._stop = threading.Event()
+        self._started = False
+        try:
+            self.state = self._hub(config.bridge.state, None)
+            self.routes = [
+                RouteRunner(
+                    r,
+                    config.bridge,
+                    self._hub(r.source.url, r.source.index),
+                    self._hub(r.destination.url, r.destination.index),
+                    self.state,
+                )
+                for r in config.routes
+            ]
+        except BaseException:
+            self.close()
+            raise
+        self.health_file = Path(config.bridge.health_file) if config.bridge.health_file else None
+
+    def _hub(self, url: str, index: str | None) -> Hub:
+        key = (url, index)
+        hub = self._hubs.get(key)
+        if hub is None:
+            hub = self._hubs[key] = connect(
+                url, index, publisher=f"bridge.{self.config.bridge.name}"
+            )
+        return hub
+
+    def start(self) -> None:
+        """Start every route (returns at once)."""
+        if self._started:
+            return
+        self._started = True
+        for r in self.routes:
+            r.start()
+
+    def stop(self) -> None:
+        """Ask every route to stop (returns at once; :meth:`join` waits)."""
+        self._stop.set()
+        for r in self.routes:
+            r.stop()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for every route to stop; True if all did within ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ok = True
+        for r in self.routes:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ok = r.join(left) and ok
+        return ok
+
+    def stats(self) -> list[RouteStats]:
+        """Every route's counters."""
+        return [r.stats() for r in self.routes]
+
+    def run(self, *, duration: float | None = None, handle_signals: bool = True) -> None:
+        """Run until stopped (SIGTERM or Ctrl-C when ``handle_signals``), or for
+        ``duration`` seconds; then stop cleanly and close."""
+        with _signals(self.stop) if handle_signals else _nothing():
+            self.start()
+            end = None if duration is None else time.monotonic() + duration
+            try:
+                while not self._stop.is_set():
+                    self._record()
+                    if all(not r._reader.is_alive() for r in self.routes):
+                        break  # every route failed
+                    wait = self.config.bridge.heartbeat
+                    if end is not None:
+                        wait = min(wait, max(0.0, end - time.monotonic()))
+                        if wait == 0.0:
+                            break
+                    self._stop.wait(wait)
+            finally:
+                self.stop()
+                self.join()
+                self._record()
+                self.close()
+
+    def _record(self) -> None:
+        if self.health_file is None:
+            return
+        body = {
+            "time": time.time(),
+            "pid": os.getpid(),
+            "bridge": self.config.bridge.name,
+            "stopping": self._stop.is_set(),
+            "routes": {
+                s.name: {
+                    "active": s.active,
+                    "read": s.read,
+                    "bridged": s.bridged,
+                    "children": s.children,
+                    "unusable": s.unusable,
+                    "retried": s.retried,
+                    "held": s.held,
+                    "groups": s.groups,
+                    "recovered": s.recovered,
+                    "failed": r.failed,
+                    "last_error": _scrub(s.last_error, self.config.secrets()),
+                }
+                for s, r in zip(self.stats(), self.routes, strict=True)
+            },
+        }
+        tmp = self.health_file.with_suffix(self.health_file.suffix + ".tmp")
+        tmp.write_text(json.dumps(body, indent=1))
+        tmp.replace(self.health_file)
+
+    def close(self) -> None:
+        """Close every hub the bridge opened."""
+        for hub in self._hubs.values():
+            try:
+                hub.close()
+            except IQError as exc:
+                log.warning("closing a hub: %s", exc)
+        self._hubs.clear()
+
+    def __enter__(self) -> Bridge:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        self.join()
+        self.close()
+
+
+def _scrub(text: str | None, secrets: list[str]) -> str | None:
+    if text is None:
+        return None
+    for s in secrets:
+        text = text.replace(s, "***")
+    return text
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@contextmanager
+def _signals(stop: object) -> Iterator[None]:
+    """SIGTERM and SIGINT call ``stop`` (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping the bridge", signum)
+        stop()  # type: ignore[operator]
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def check_health(path: str | Path, *, max_age: float = 10.0) -> tuple[bool, str]:
+    """Whether the bridge writing ``path`` is alive and every route works, with a
+    one-line reason (``iq bridge check`` exits non-zero when not)."""
+    p = Path(path)
+    try:
+        body = json.loads(p.read_text())
+    except FileNotFoundError:
+        return False, f"no health record at {p}: the bridge never ran there"
+    except (OSError, ValueError) as exc:
+        return False, f"unreadable health record at {p}: {exc}"
+    age = time.time() - float(body.get("time", 0))
+    if age > max_age:
+        return (
+            False,
+            f"health record at {p} is {age:.0f} s old (limit {max_age:.0f} s): "
+            "the bridge is not running",
+        )
+    pid = body.get("pid")
+    if isinstance(pid, int) and not _alive(pid):
+        return False, f"the bridge process {pid} is gone"
+    if body.get("stopping"):
+        return False, "the bridge is stopping"
+    routes = body.get("routes", {})
+    failed = [f"{n} ({r['failed']})" for n, r in routes.items() if r.get("failed")]
+    if failed:
+        return False, "route(s) failed: " + ", ".join(failed)
+    active = sum(1 for r in routes.values() if r.get("active"))
+    bridged = sum(int(r.get("bridged", 0)) for r in routes.values())
+    return (
+        True,
+        f"alive: {len(routes)} route(s), {active} active here, {bridged} bridged, "
+        f"record {age:.1f} s old",
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
