@@ -78,6 +78,7 @@ from iqbridge.stores.sqlite import SqliteStore
 
 from .kafka_feed import Feed, FeedFailed  # noqa: TID251
 from .kafka_wire import Header, encode, header_items, header_text, parse_ref, ref  # noqa: TID251
+from .probes import kafka_find_sent  # noqa: TID251
 
 __all__ = ["KafkaAdapter"]
 
@@ -99,6 +100,8 @@ _OWN_OPTIONS = frozenset(
 )
 #: librdkafka properties only a consumer takes (the others warn about them), and those
 #: only a producer takes; every other property goes to both.
+#: A reader of the topic's tail (find_sent): its own group, never committing.
+_PROBE = {"group.id": "iq-probe", "enable.auto.commit": False, "enable.partition.eof": False}
 _CONSUMER_ONLY = (
     "group.",
     "session.timeout.ms",
@@ -437,6 +440,23 @@ class KafkaAdapter:
         topic = self.topic(queue)
         self._ensure_topic(topic)
         return self._produce(topic, [(*encode(env), env.body) for env in envelopes])
+
+    def find_sent(self, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:
+        """Records of ``sent`` the topic holds (``Probing``): read from the put on."""
+        if not sent:
+            return {}
+        probe = Consumer(self._client_config("consumer", **_PROBE))
+        try:
+            wait = self.connect_timeout + 10
+            return kafka_find_sent(
+                probe, TopicPartition, self.topic(queue), self.partitions, sent, wait
+            )
+        except KafkaException as exc:
+            raise self._wrap(exc, f"reading {self.topic(queue)!r} back") from exc
+        except TimeoutError as exc:
+            raise self._unavailable(str(exc)) from exc
+        finally:
+            probe.close()
 
     def _produce(
         self, topic: str, items: Sequence[tuple[bytes | None, list[Header], bytes]]

@@ -77,6 +77,7 @@ from iqbridge.stores.sqlite import SqliteStore
 
 # Relative: the adapters directory imports as iqbridge.adapters (see pyproject), and
 # mypy checks it from the top level.
+from .probes import ledger_steps, rabbitmq_find_sent  # noqa: TID251
 from .rabbitmq_link import ChannelError, Link, LinkLost, Outgoing, Unconfirmed  # noqa: TID251
 from .rabbitmq_wire import _PRIORITIES, Msg, Slot, as_int, decode, encode  # noqa: TID251
 
@@ -96,6 +97,7 @@ _OWN_OPTIONS = frozenset(
         "connect_timeout",
         "confirm_timeout",
         "single_active",
+        "ledger",
     }
 )
 _PIKA_OPTIONS = frozenset(
@@ -133,6 +135,7 @@ class RabbitMQAdapter:
         connect_timeout: float = 10.0,
         confirm_timeout: float = 30.0,
         single_active: bool = False,
+        ledger: bool = False,
     ) -> None:
         from iqbridge.registry import redact
 
@@ -146,6 +149,8 @@ class RabbitMQAdapter:
         self.connect_timeout = connect_timeout
         self.confirm_timeout = confirm_timeout
         self.single_active = single_active
+        #: A stream queue beside each queue's groups records every publish (find_sent).
+        self.ledger = ledger
         self.capabilities = Capabilities(
             native_groups=True,
             read_by_ref=False,
@@ -222,6 +227,7 @@ class RabbitMQAdapter:
             connect_timeout=number("connect_timeout", 10.0, 0.1),
             confirm_timeout=number("confirm_timeout", 30.0, 0.1),
             single_active=single_active in ("true", "1", "yes", "on"),
+            ledger=opts.get("ledger", "false").lower() in ("true", "1", "yes", "on"),
         )
         adapter._connected()  # fail fast at start: no long retry
         return adapter
@@ -367,6 +373,7 @@ class RabbitMQAdapter:
                 lambda ch, cb: ch.queue_declare(dead, durable=True, callback=cb),
                 lambda ch, cb: ch.queue_bind(dead, dead, callback=cb),
                 lambda ch, cb: ch.exchange_declare(exchange, "direct", durable=True, callback=cb),
+                *ledger_steps(self, queue, None),
             ]
         for group in (g for g in todo if g):
             steps += self._group_steps(queue, group)
@@ -398,6 +405,7 @@ class RabbitMQAdapter:
         return [
             lambda ch, cb: ch.queue_declare(name, durable=True, arguments=args, callback=cb),
             lambda ch, cb: ch.queue_bind(name, exchange, routing_key=group, callback=cb),
+            *ledger_steps(self, queue, group),
         ]
 
     def _declare_existing(self, queue: str, group: str) -> None:
@@ -722,6 +730,10 @@ class RabbitMQAdapter:
             return pika.BlockingConnection(self._params)
         except pika.exceptions.AMQPError as exc:
             raise self._unavailable(exc) from exc
+
+    def find_sent(self, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:
+        """Messages of ``sent`` the queue's ledger holds (``Probing``; ``ledger=true``)."""
+        return rabbitmq_find_sent(self, queue, sent) if self.ledger and sent else {}
 
     def dead_letters(self, queue: str, count: int = 100) -> list[tuple[dict[str, Any], bytes]]:
         """The oldest messages of the queue's dead-letter queue (headers and body), left

@@ -68,6 +68,8 @@ from iqbridge.model import Envelope, MessageRecord, Received
 from iqbridge.stores.codec import record_from_json
 from iqbridge.stores.redis import DirectScripts, RedisStore, transient
 
+from .probes import redis_find_sent  # noqa: TID251
+
 __all__ = ["REQUEUE_CONSUMER", "RedisStreamsAdapter", "decode_fields", "encode_fields"]
 
 log = logging.getLogger(__name__)
@@ -705,6 +707,10 @@ class RedisStreamsAdapter:
             decode_fields(key, ref, rows[0][1])[0] if rows else None
             for ref, rows in zip(refs, replies, strict=True)
         ]
+
+    def find_sent(self, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:
+        """Entries of ``sent`` the stream holds (``Probing``): read from the put on."""
+        return redis_find_sent(self._call, self._r, self.key(queue), sent) if sent else {}
 
     def delete(self, queue: str, refs: Sequence[str]) -> None:
         """``XDEL`` entries (purge of journalled messages)."""

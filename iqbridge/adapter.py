@@ -190,3 +190,20 @@ class Fenced(Protocol):
     def owns(self, queue: str, group: str, native_ref: str) -> bool:
         """Whether this process reads the entry's partition for the group now."""
         ...
+
+
+@runtime_checkable
+class Probing(Protocol):
+    """An adapter that can say which messages reached the broker (Redis Streams, Kafka,
+    RabbitMQ with a ledger).
+
+    A put that stopped between the broker and the index (the process was killed after
+    the broker took the entries, before the index recorded where) leaves records without
+    a native reference. An idempotent repeat of the put asks here first and sends only
+    what the broker does not hold, so the broker never stores a message twice."""
+
+    def find_sent(self, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:
+        """Of these ``(msg_id, put_at)`` pairs (put_at: microseconds since the epoch, when
+        the put began), the msg_ids the broker holds entries of, with their native
+        references. Looks only at entries from shortly before ``put_at`` on."""
+        ...

@@ -342,9 +342,29 @@ class Putting(Subscribing):
             return
         except StaleRecord:
             pass
+        if self._probing is not None and not self._shared_txn:
+            self._find_sent([c.msg_id for c in changes])
         for env, change in zip(envelopes, changes, strict=True):
             change.record.native_ref = None
             self._put_once(env, change)
+
+    def _find_sent(self, msg_ids: list[str]) -> None:
+        """Records an earlier attempt left without a native reference: ask the broker
+        which it holds and record their references, so only the rest is sent again."""
+        assert self._probing is not None
+        known = self._store.load_many(msg_ids)
+        lost = [(r.msg_id, r.created_at) for r in known.values() if r.native_ref is None]
+        if not lost:
+            return
+        found = self._probing.find_sent(self.name, lost)
+        if found:
+            log.info(
+                "queue %s: %d of %d messages in doubt had reached the broker",
+                self.name,
+                len(found),
+                len(lost),
+            )
+            self._store.set_native_refs(sorted(found.items()))
 
     def _put_once(self, env: Envelope, change: Change) -> None:
         """Create one message unless the index has it; send what the broker lacks."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Protocol
 
-from iqbridge.adapter import Adapter, Colocated, Fenced
+from iqbridge.adapter import Adapter, Colocated, Fenced, Probing
 from iqbridge.engine import Change
 from iqbridge.errors import ConcurrentUpdate, InvalidArgument, IQError, MessageNotFound
 from iqbridge.model import Envelope, MessageRecord, Subscriptions
@@ -104,6 +104,8 @@ class QueueCore:
         self._reads_by_ref = hub.adapter.capabilities.read_by_ref
         #: The adapter fences ordering keys (Kafka), asked once, not on every get.
         self._fenced: Fenced | None = hub.adapter if isinstance(hub.adapter, Fenced) else None
+        #: The adapter can say which in-doubt puts reached the broker.
+        self._probing: Probing | None = hub.adapter if isinstance(hub.adapter, Probing) else None
 
     def _now(self) -> int:
         return self.hub.now_us()

@@ -92,3 +92,5 @@ def remember(adapter: object) -> None:
                 ("exchange", adapter.dead_name(queue)),
                 ("exchange", adapter.exchange(queue)),
             }
+            if adapter.ledger:
+                names.add(("queue", f"{adapter.exchange(queue)}/ledger"))

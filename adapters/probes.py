@@ -1,0 +1,165 @@
+"""Finding what reached a broker after a put was cut short (``Probing.find_sent``).
+
+A put writes the index first, then the broker, then the entries' references. A process
+killed after the broker took the entries but before the references were recorded leaves
+records without one; the idempotent repeat (a relay, a bridge after its restart) asks
+here which of them the broker holds and sends only the rest. Each broker is searched
+from shortly before the put began (``put_at``) to its end, by the ``iq-id`` every
+iqbridge entry carries: a bounded read of the broker's tail, not a scan of all of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = [
+    "kafka_find_sent",
+    "ledger_name",
+    "ledger_steps",
+    "rabbitmq_find_sent",
+    "redis_find_sent",
+]
+
+log = logging.getLogger("iqbridge")
+
+#: Entries are looked for from this long before the put began (clock skew between the
+#: putting host and the broker).
+SKEW_MS = 5_000
+_PAGE = 1000
+
+
+def redis_find_sent(
+    call: Callable[[Callable[[], Any]], Any], client: Any, key: str, sent: Sequence[tuple[str, int]]
+) -> dict[str, str]:
+    """Stream entries (``XRANGE`` from the earliest put time on, by pages) whose
+    ``iq-id`` is one of ``sent``'s msg_ids: msg_id -> entry id."""
+    want = {m for m, _ in sent}
+    found: dict[str, str] = {}
+    start = f"{max(0, min(at for _, at in sent) // 1000 - SKEW_MS)}-0"
+    while want - found.keys():
+        page = functools.partial(client.xrange, key, start, "+", count=_PAGE)
+        rows: Any = call(page)
+        for ref, fields in rows:
+            mid = fields.get(b"iq-id")
+            ref_s = ref.decode() if isinstance(ref, bytes) else str(ref)
+            if mid is not None and mid.decode() in want:
+                found.setdefault(mid.decode(), ref_s)
+        if len(rows) < _PAGE:
+            break
+        last = rows[-1][0]
+        last_s = last.decode() if isinstance(last, bytes) else str(last)
+        start = "(" + last_s
+    return found
+
+
+def kafka_find_sent(
+    consumer: Any,
+    topic_partition: Any,
+    topic: str,
+    partitions: int,
+    sent: Sequence[tuple[str, int]],
+    timeout: float,
+) -> dict[str, str]:
+    """Records of ``topic`` (every partition, from the earliest put time on, up to the
+    end as it is now) whose ``iq-id`` is one of ``sent``'s msg_ids: msg_id ->
+    ``<partition>:<offset>``. ``consumer`` is a fresh confluent-kafka consumer that is
+    assigned partitions here and never commits."""
+    want = {m for m, _ in sent}
+    found: dict[str, str] = {}
+    since = max(0, min(at for _, at in sent) // 1000 - SKEW_MS)
+    tps = [topic_partition(topic, p, since) for p in range(partitions)]
+    starts = consumer.offsets_for_times(tps, timeout=timeout)
+    ends: dict[int, int] = {}
+    assign = []
+    for tp in starts:
+        _, high = consumer.get_watermark_offsets(
+            topic_partition(topic, tp.partition), timeout=timeout
+        )
+        start = tp.offset if tp.offset >= 0 else high
+        if start < high:
+            ends[tp.partition] = high
+            assign.append(topic_partition(topic, tp.partition, start))
+    if not assign:
+        return found
+    consumer.assign(assign)
+    deadline = time.monotonic() + timeout
+    while ends and want - found.keys() and time.monotonic() < deadline:
+        for msg in consumer.consume(_PAGE, timeout=0.5):
+            if msg.error() is not None:
+                continue
+            p, o = msg.partition(), msg.offset()
+            for name, value in msg.headers() or ():
+                if name == "iq-id" and value is not None and value.decode() in want:
+                    found.setdefault(value.decode(), f"{p}:{o}")
+            if p in ends and o + 1 >= ends[p]:
+                del ends[p]
+    if ends and want - found.keys():
+        raise TimeoutError(f"reading {topic} back took more than {timeout} s")
+    return found
+
+
+def ledger_name(adapter: Any, queue: str) -> str:
+    """The RabbitMQ stream queue that records every publish to ``queue``'s exchange."""
+    return f"{adapter.exchange(queue)}/ledger"
+
+
+def ledger_steps(adapter: Any, queue: str, group: str | None) -> list[Any]:
+    """Declare steps of the ledger (``ledger=true``): the stream queue itself (group
+    None), or its binding for one group's routing key. A stream keeps what it recorded
+    for ``x-max-age`` (a week) whatever is consumed from the groups' queues."""
+    if not adapter.ledger:
+        return []
+    name = ledger_name(adapter, queue)
+    if group is None:
+        args = {"x-queue-type": "stream", "x-max-age": "7D"}
+        return [lambda ch, cb: ch.queue_declare(name, durable=True, arguments=args, callback=cb)]
+    exchange = adapter.exchange(queue)
+    return [lambda ch, cb: ch.queue_bind(name, exchange, routing_key=group, callback=cb)]
+
+
+def rabbitmq_find_sent(adapter: Any, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:
+    """Messages of ``sent`` the queue's ledger recorded (read from shortly before the
+    earliest put on, until it has no more): msg_id -> msg_id (RabbitMQ's reference)."""
+    from datetime import UTC, datetime
+
+    want = {m for m, _ in sent}
+    found: dict[str, str] = {}
+    since = max(0, min(at for _, at in sent) // 1000 - SKEW_MS) / 1000
+    conn = adapter._blocking()
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=_PAGE)
+        args = {"x-stream-offset": datetime.fromtimestamp(since, UTC)}
+        tag = None
+        for method, props, _body in ch.consume(
+            ledger_name(adapter, queue), arguments=args, inactivity_timeout=0.5
+        ):
+            if method is None:
+                break
+            tag = method.delivery_tag
+            mid = getattr(props, "message_id", None)
+            if mid in want:
+                found[mid] = mid
+                if not want - found.keys():
+                    break
+            if tag % 200 == 0:
+                ch.basic_ack(tag, multiple=True)
+        if tag is not None:
+            ch.basic_ack(tag, multiple=True)
+        ch.cancel()
+    except Exception as exc:  # pika's errors: no ledger (yet), a closed channel
+        log.warning(
+            "RabbitMQ at %s: ledger of %r unreadable (%s); what it did not show is sent again",
+            adapter.url,
+            queue,
+            exc,
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+    return found
