@@ -13,6 +13,7 @@ import pika
 import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
+from conftest import need_server
 from kafka_helpers import FAST_GROUPS, kafka_bootstrap, kafka_url
 from kafka_helpers import fresh_prefix as kafka_prefix
 from rabbitmq_helpers import AMQP_URL, remember, url_with
@@ -20,7 +21,6 @@ from rabbitmq_helpers import fresh_prefix as rabbit_prefix
 from redis_index_helpers import REDIS_URL, drop_streams, redis_reachable
 
 import iqbridge
-from conftest import need_server
 from iqbridge.errors import IndexUnavailable
 
 IDS = [f"probe-{i}" for i in range(6)]
