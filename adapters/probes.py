@@ -23,13 +23,14 @@ __all__ = [
     "ledger_steps",
     "rabbitmq_find_sent",
     "redis_find_sent",
+    "redis_take_over",
 ]
 
 log = logging.getLogger("iqbridge")
 
 #: Entries are looked for from this long before the put began (clock skew between the
 #: putting host and the broker).
-SKEW_MS = 5_000
+SKEW_MS = 2_000
 _PAGE = 1000
 
 
@@ -136,8 +137,9 @@ def rabbitmq_find_sent(adapter: Any, queue: str, sent: Sequence[tuple[str, int]]
         ch.basic_qos(prefetch_count=_PAGE)
         args = {"x-stream-offset": datetime.fromtimestamp(since, UTC)}
         tag = None
+        # The stream's end: no delivery for a moment (a stream streams what it has at once).
         for method, props, _body in ch.consume(
-            ledger_name(adapter, queue), arguments=args, inactivity_timeout=0.5
+            ledger_name(adapter, queue), arguments=args, inactivity_timeout=0.15
         ):
             if method is None:
                 break
@@ -147,11 +149,10 @@ def rabbitmq_find_sent(adapter: Any, queue: str, sent: Sequence[tuple[str, int]]
                 found[mid] = mid
                 if not want - found.keys():
                     break
-            if tag % 200 == 0:
+            if tag % 200 == 0:  # a stream consumer gets credit back by acks
                 ch.basic_ack(tag, multiple=True)
-        if tag is not None:
-            ch.basic_ack(tag, multiple=True)
-        ch.cancel()
+        # No cancel: pika's rejects the deliveries it buffered, which a stream refuses
+        # (closing the connection); closing drops them just as well.
     except Exception as exc:  # pika's errors: no ledger (yet), a closed channel
         log.warning(
             "RabbitMQ at %s: ledger of %r unreadable (%s); what it did not show is sent again",
@@ -163,3 +164,22 @@ def rabbitmq_find_sent(adapter: Any, queue: str, sent: Sequence[tuple[str, int]]
         with contextlib.suppress(Exception):
             conn.close()
     return found
+
+
+def redis_take_over(
+    call: Callable[[Callable[[], Any]], Any], client: Any, key: str, group: str, to: str
+) -> int:
+    """``XAUTOCLAIM`` every pending entry of ``group`` (idle or not) for consumer ``to``
+    (the adapter's requeue consumer, whose entries the next receive hands out first, in
+    id order); returns how many moved."""
+    moved = 0
+    start = "0-0"
+    while True:
+        # Not JUSTID: redis-py drops the cursor from a JUSTID reply.
+        claim = functools.partial(client.xautoclaim, key, group, to, 0, start, count=_PAGE)
+        reply: Any = call(claim)
+        moved += len(reply[1])
+        nxt = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        if nxt == "0-0":
+            return moved
+        start = nxt

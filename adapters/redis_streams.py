@@ -68,7 +68,7 @@ from iqbridge.model import Envelope, MessageRecord, Received
 from iqbridge.stores.codec import record_from_json
 from iqbridge.stores.redis import DirectScripts, RedisStore, transient
 
-from .probes import redis_find_sent  # noqa: TID251
+from .probes import redis_find_sent, redis_take_over  # noqa: TID251
 
 __all__ = ["REQUEUE_CONSUMER", "RedisStreamsAdapter", "decode_fields", "encode_fields"]
 
@@ -707,6 +707,10 @@ class RedisStreamsAdapter:
             decode_fields(key, ref, rows[0][1])[0] if rows else None
             for ref, rows in zip(refs, replies, strict=True)
         ]
+
+    def take_over(self, queue: str, group: str) -> int:
+        """Every pending entry of ``group`` to the requeue consumer (``TakesOver``)."""
+        return redis_take_over(self._call, self._r, self.key(queue), group, REQUEUE_CONSUMER)
 
     def find_sent(self, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:
         """Entries of ``sent`` the stream holds (``Probing``): read from the put on."""

@@ -207,3 +207,17 @@ class Probing(Protocol):
         the put began), the msg_ids the broker holds entries of, with their native
         references. Looks only at entries from shortly before ``put_at`` on."""
         ...
+
+
+@runtime_checkable
+class TakesOver(Protocol):
+    """An adapter whose consumer groups keep entries pending with the consumer that read
+    them, beyond what the index knows was handed out (Redis Streams' read-ahead).
+
+    When every consumer of a group is known to be gone (a bridge route taken over), the
+    entries they held are made due at once, oldest first, ahead of new ones: otherwise
+    they would come back only after their idle time, behind later entries of their keys."""
+
+    def take_over(self, queue: str, group: str) -> int:
+        """Give back every entry the group's consumers hold; returns how many."""
+        ...

@@ -441,9 +441,11 @@ def release(
     return step.finish()
 
 
-def _release(step: _Step, member: Member, reason: str, delay_us: int) -> None:
+def _release(
+    step: _Step, member: Member, reason: str, delay_us: int, *, next_attempt: bool = True
+) -> None:
     rec = step.rec
-    step.sub(member, SubEvent.RELEASE, reason, next_attempt=True)
+    step.sub(member, SubEvent.RELEASE, reason, next_attempt=next_attempt)
     member.reason = reason
     member.not_before = step.now + delay_us if delay_us > 0 else None
     if rec.withdrawn or (rec.expires_at is not None and step.now >= rec.expires_at):
@@ -514,15 +516,18 @@ def expire_due(rec: MessageRecord, now: int) -> Change | None:
 def reclaim(rec: MessageRecord, owner: str | None, now: int, reason: str) -> Change | None:
     """Give back at once what ``owner`` holds, as if its leases had run out: the holder
     is known to be gone (a restarted process on the same host, a bridge route taken
-    over). In-doubt members held by ``owner`` go back to AVAILABLE with attempt + 1, or
-    UNUSABLE once ``max_attempts`` is used up; ``owner=None`` gives back every holder's.
-    Returns None when nothing is given back.
+    over); ``owner=None`` gives back every holder's. An IN_PROCESS member goes back to
+    AVAILABLE with attempt + 1, or UNUSABLE once ``max_attempts`` is used up (it may be
+    what made its holder crash); a FETCHED one, never started, goes back AVAILABLE with
+    its attempt unchanged. Returns None when nothing is given back.
     """
     step = _Step(rec, now)
     r = step.rec
     for member in r.members.values():
         if member.state in IN_DOUBT and owner in (None, member.lease_owner):
-            if member.attempt >= r.max_attempts:
+            if member.state is S.FETCHED:
+                _release(step, member, reason, 0, next_attempt=False)
+            elif member.attempt >= r.max_attempts:
                 step.sub(
                     member,
                     SubEvent.UNUSABLE,

@@ -6,6 +6,7 @@ import logging
 from datetime import timedelta
 
 from iqbridge import engine
+from iqbridge.adapter import TakesOver
 from iqbridge.errors import MessageNotFound
 from iqbridge.model import Filter
 from iqbridge.queue_core import QueueCore, to_seconds
@@ -45,10 +46,15 @@ class Housekeeping(QueueCore):
         """Give back now every message ``subscriber`` holds under ``owner`` (the
         ``subscriber@client_id`` a get records; None: whoever holds it), as if the
         holder's leases had run out: for a holder known to be gone, without waiting for
-        its leases (a restarted process, a bridge route taken over). Returns the
+        its leases (a restarted process, a bridge route taken over). With ``owner=None``
+        the broker's own pending entries of the subscriber's group are given back too
+        (call it before this process reads the subscriber). Returns the
         msg_ids given back (AVAILABLE with attempt + 1, or UNUSABLE past max_attempts),
         oldest first. Every change goes through the state engine and is journalled."""
         why = reason or (f"holder {owner} is gone" if owner else "holder is gone")
+        if owner is None and isinstance(self._adapter, TakesOver) and self._native:
+            for group in self._subscriptions().groups_for(subscriber):
+                self._adapter.take_over(self.name, group)
         out: list[str] = []
         seen: set[str] = set()
         for state in (SubscriberState.FETCHED, SubscriberState.IN_PROCESS):
@@ -68,6 +74,8 @@ class Housekeeping(QueueCore):
                     if change is not None:
                         self._wake(change.record)
                         out.append(hit.msg_id)
+                        if self._native:
+                            self.hub.redeliveries.add((self.name, subscriber))
                 if len(hits) < 500 or not fresh:
                     break
         if out:

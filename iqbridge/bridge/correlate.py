@@ -8,11 +8,12 @@ group key as its correlation id, before its source message goes DONE. A group co
 on ``count``, on the ``complete`` predicate, on ``timeout`` seconds after its first
 input (the index's put time, so timeouts fire after a restart too) or early when the
 route's ``max_groups`` / ``max_bytes`` budget is exceeded (oldest first). Completing
-puts the aggregate (msg_id derived from the route, the key and the group's first input;
-parents: every input's source message) on the destination, then withdraws the inputs
-from the staging queue (journalled "aggregated into <id>"). A restart reads the staging
-queue back; a group whose aggregate the destination already has (the crash came between
-the two steps) is only withdrawn, never aggregated twice.
+first records the decision in the staging queue (the aggregate's msg_id, derived from
+the route, the key and the group's first input, and its inputs), then puts the
+aggregate (parents: every input's source message) on the destination, then withdraws the
+inputs (journalled "aggregated into <id>") and the decision. A restart reads the
+staging queue back and finishes every decision first, with the same inputs and id: the
+destination's idempotent put keeps one aggregate whatever the crash interrupted.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from iqbridge.bridge.config import Correlate
 from iqbridge.bridge.translate import BridgeMessage, child_id, load_callable
-from iqbridge.errors import MessageNotFound
+from iqbridge.errors import IllegalTransition, MessageNotFound
 from iqbridge.hub import Hub
 from iqbridge.model import Filter
 from iqbridge.payload import decode
@@ -41,6 +42,8 @@ __all__ = ["Correlator", "Group"]
 log = logging.getLogger("iqbridge.bridge")
 
 _AGGREGATOR = "aggregator"
+#: The header that marks a decision record (see Correlator._finish).
+_DECISION = "iq-decision"
 
 
 @dataclass(slots=True)
@@ -175,43 +178,66 @@ class Correlator:
 
     # --- completing -------------------------------------------------------------------
 
-    def aggregate_id(self, group: Group) -> str:
+    def aggregate_id(self, key: str, members: Sequence[BridgeMessage]) -> str:
         """The aggregate's msg_id: the route, the key and the group's first input."""
-        return child_id(self.route + "#aggregate", (group.key, group.members[0].msg_id))
+        return child_id(self.route + "#aggregate", (key, members[0].msg_id))
 
-    def _finish(self, group: Group, why: str) -> None:
-        members = group.members
-        if self.spec.count is not None and len(members) > self.spec.count:
-            members = members[: self.spec.count]
+    def _aggregate(
+        self, key: str, members: Sequence[BridgeMessage], why: str, agg_id: str
+    ) -> Outgoing:
         payload: Any
         if self._combine is not None:
             payload = self._combine(list(members))
         else:
             payload = [_value(m) for m in members]
-        first = members[0]
-        agg = Outgoing(
-            payload if not isinstance(payload, list) else json.dumps(payload).encode(),
-            msg_id=self.aggregate_id(group),
-            correlation_id=group.key,
+        as_list = isinstance(payload, list)
+        return Outgoing(
+            json.dumps(payload).encode() if as_list else payload,
+            msg_id=agg_id,
+            correlation_id=key,
             priority=max(m.priority for m in members),
-            ordering_key=first.ordering_key or group.key,
+            ordering_key=members[0].ordering_key or key,
             parents=tuple(m.parents[0] for m in members),
             headers={"iq-aggregate": why, "iq-aggregate-size": str(len(members))},
-            content_type="application/json" if isinstance(payload, list) else None,
+            content_type="application/json" if as_list else None,
             publisher=self.publisher,
         )
+
+    def _finish(self, group: Group, why: str) -> None:
+        """Decide (a write-ahead record in the staging queue naming the aggregate and
+        its inputs), put the aggregate, withdraw the inputs, then the decision. A crash
+        anywhere is finished by :meth:`load` from the decision: the same inputs, the same
+        id, so the destination gets the aggregate once."""
+        members = group.members
+        if self.spec.count is not None and len(members) > self.spec.count:
+            members = members[: self.spec.count]
+        agg_id = self.aggregate_id(group.key, members)
+        agg = self._aggregate(group.key, members, why, agg_id)
+        decision = Outgoing(
+            b"",
+            msg_id=agg_id,
+            correlation_id=group.key,
+            parents=tuple(m.msg_id for m in members),
+            headers={_DECISION: why},
+            publisher=self.publisher,
+        )
+        self.staging.put_each([decision], to=[_AGGREGATOR])
         self.emit([agg])
-        self._retire(group, members, str(agg.msg_id))
+        self._retire(group, members, agg_id)
         self.completed += 1
 
+    def _withdraw(self, msg_ids: Sequence[str], why: str) -> None:
+        for mid in msg_ids:
+            with contextlib.suppress(MessageNotFound, IllegalTransition):  # before a crash
+                self.staging.withdraw(mid, reason=why)
+
     def _retire(self, group: Group, members: Sequence[BridgeMessage], agg_id: str) -> None:
-        for m in members:
-            with contextlib.suppress(MessageNotFound):
-                self.staging.withdraw(m.msg_id, reason=f"aggregated into {agg_id}")
+        self._withdraw([m.msg_id for m in members], f"aggregated into {agg_id}")
+        self._withdraw([agg_id], "aggregate put")
         done = {m.msg_id for m in members}
         rest = [m for m in group.members if m.msg_id not in done]
         self._bytes -= sum(len(m.body) for m in members)
-        del self._groups[group.key]
+        self._groups.pop(group.key, None)
         for m in rest:  # past the count: they start the next group of the key
             self._add(group.key, m, time.time())
 
@@ -228,9 +254,10 @@ class Correlator:
 
     # --- after a restart --------------------------------------------------------------
 
-    def load(self, destination: Queue) -> int:
-        """Read the pending inputs back from the staging queue; withdraw those whose
-        aggregate the destination already has. Returns the inputs pending."""
+    def load(self) -> int:
+        """Read the pending inputs back from the staging queue, finish every decided
+        aggregate a crash interrupted, and rebuild the open groups (their timeouts count
+        from their first input's put). Returns the inputs pending."""
         found: list[tuple[float, BridgeMessage]] = []
         seen: set[str] = set()
         since = None
@@ -259,31 +286,29 @@ class Correlator:
                 break
             since = hits[-1].created_at
         found.sort(key=lambda p: p[0])
+        decisions = [v for _, v in found if _DECISION in v.headers]
+        inputs = {v.msg_id: (t, v) for t, v in found if _DECISION not in v.headers}
         with self._lock:
             self._groups.clear()
             self._bytes = 0
-            for started, view in found:
+            for d in decisions:
+                members = [inputs.pop(m)[1] for m in d.parents if m in inputs]
+                if len(members) == len(d.parents):  # nothing withdrawn yet: put it again
+                    key = d.correlation_id or ""
+                    self.emit([self._aggregate(key, members, d.headers[_DECISION], d.msg_id)])
+                log.info("route %s: aggregate %s finished after a restart", self.route, d.msg_id)
+                self._withdraw([m.msg_id for m in members], f"aggregated into {d.msg_id}")
+                self._withdraw([d.msg_id], "aggregate put")
+            for started, view in sorted(inputs.values(), key=lambda p: p[0]):
                 key = view.correlation_id or ""
                 group = self._groups.get(key)
                 if group is None:
                     group = self._groups[key] = Group(key, started)
-                if any(m.msg_id == view.msg_id for m in group.members):
-                    continue
                 group.members.append(view)
                 group.size += len(view.body)
                 self._bytes += len(view.body)
             for group in list(self._groups.values()):
-                agg = self.aggregate_id(group)
-                try:
-                    have = destination.state(agg)
-                except MessageNotFound:
-                    continue
-                parents = set(have.parents)
-                members = [m for m in group.members if m.parents and m.parents[0] in parents]
-                log.info("route %s: aggregate %s was put before a crash", self.route, agg)
-                self._retire(group, members, agg)
-            for group in list(self._groups.values()):
-                if group.key in self._groups and self._is_complete(group):
+                if self._groups.get(group.key) is group and self._is_complete(group):
                     self._finish(group, "complete")
         return self.pending
 

@@ -45,6 +45,7 @@ from iqbridge.errors import (
 from iqbridge.hub import Hub
 from iqbridge.putting import Outgoing
 from iqbridge.retry import RetryPolicy
+from iqbridge.states import SubscriberState
 
 __all__ = ["RouteRunner", "RouteStats"]
 
@@ -152,6 +153,7 @@ class _Lane:
         ok: list[Delivery] = []
         kids: list[list[Outgoing]] = []
         unusable: list[tuple[Delivery, str]] = []
+        self._start([d for d in ready if d.ordering_key not in self.parked])
         for d in ready:
             key = d.ordering_key
             if key in self.parked:
@@ -167,6 +169,20 @@ class _Lane:
         if ok:
             ok, kids = self._put(ok, kids, unusable)
         self._settle(ok, kids, unusable)
+
+    def _start(self, deliveries: list[Delivery]) -> None:
+        """FETCHED -> IN_PROCESS in one commit: a crash from here on counts as an
+        attempt (a message that kills the bridge ends UNUSABLE, not in a crash loop)."""
+        fresh = [d for d in deliveries if d.state is SubscriberState.FETCHED]
+        pause = 0.2
+        while fresh and not self.runner.aborted.is_set():
+            try:
+                Batch(self.runner.src, fresh).in_process()
+                return
+            except TRANSIENT as exc:
+                self.runner.count(error=f"source: {type(exc).__name__}: {exc}")
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
 
     def _failed(self, d: Delivery, exc: Exception, unusable: list[tuple[Delivery, str]]) -> None:
         r = self.runner
@@ -304,7 +320,7 @@ class RouteRunner:
         )
         self.lease = RouteLease(state, settings.name, route.name, route.lease)
         self.lanes = [_Lane(self, n) for n in range(route.workers)]
-        self.max_held = route.batch * (route.workers + 2)
+        self.max_held = max(2 * route.batch, route.batch + route.workers)
         self.stopping = threading.Event()  # stop reading
         self.closing = threading.Event()  # no more input: lanes drain and end
         self.aborted = threading.Event()  # the route is lost: drop everything
@@ -442,7 +458,7 @@ class RouteRunner:
             )
         self.count(recovered=len(back))
         if self.correlator is not None:
-            pending = self.correlator.load(self.dst)
+            pending = self.correlator.load()
             if pending:
                 log.info("route %s: %d inputs pending aggregation", self.route.name, pending)
 
