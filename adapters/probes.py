@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -124,35 +125,41 @@ def ledger_steps(adapter: Any, queue: str, group: str | None) -> list[Any]:
 
 
 def rabbitmq_find_sent(adapter: Any, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:
-    """Messages of ``sent`` the queue's ledger recorded (read from shortly before the
-    earliest put on, until it has no more): msg_id -> msg_id (RabbitMQ's reference)."""
+    """Messages of ``sent`` the queue's ledger recorded: msg_id -> msg_id (RabbitMQ's
+    reference). Read from shortly before the earliest put, until every one is found,
+    the ledger has no more, or it shows entries put well after the latest of ``sent``
+    (those were published after it: nothing of ``sent`` comes later)."""
     from datetime import UTC, datetime
 
     want = {m for m, _ in sent}
     found: dict[str, str] = {}
     since = max(0, min(at for _, at in sent) // 1000 - SKEW_MS) / 1000
+    past = max(at for _, at in sent) + SKEW_MS * 1000
+    state = {"last": 0, "n": 0, "past": False}
     conn = adapter._blocking()
+
+    def on_message(ch: Any, method: Any, props: Any, _body: bytes) -> None:
+        state["last"] = method.delivery_tag
+        state["n"] += 1
+        mid = getattr(props, "message_id", None)
+        if mid in want:
+            found[mid] = mid
+        at = (props.headers or {}).get("x-iq-at")
+        if isinstance(at, int) and at > past:
+            state["past"] = True
+        if method.delivery_tag % 500 == 0:  # a stream consumer gets credit back by acks
+            ch.basic_ack(method.delivery_tag, multiple=True)
+
     try:
         ch = conn.channel()
-        ch.basic_qos(prefetch_count=_PAGE)
+        ch.basic_qos(prefetch_count=2 * _PAGE)
         args = {"x-stream-offset": datetime.fromtimestamp(since, UTC)}
-        tag = None
-        # The stream's end: no delivery for a moment (a stream streams what it has at once).
-        for method, props, _body in ch.consume(
-            ledger_name(adapter, queue), arguments=args, inactivity_timeout=0.15
-        ):
-            if method is None:
-                break
-            tag = method.delivery_tag
-            mid = getattr(props, "message_id", None)
-            if mid in want:
-                found[mid] = mid
-                if not want - found.keys():
-                    break
-            if tag % 200 == 0:  # a stream consumer gets credit back by acks
-                ch.basic_ack(tag, multiple=True)
-        # No cancel: pika's rejects the deliveries it buffered, which a stream refuses
-        # (closing the connection); closing drops them just as well.
+        ch.basic_consume(ledger_name(adapter, queue), on_message, arguments=args)
+        while want - found.keys() and not state["past"]:
+            before = state["n"]
+            conn.process_data_events(time_limit=0.1)
+            if state["n"] == before:
+                break  # the stream's end: it streams what it has at once
     except Exception as exc:  # pika's errors: no ledger (yet), a closed channel
         log.warning(
             "RabbitMQ at %s: ledger of %r unreadable (%s); what it did not show is sent again",
@@ -161,9 +168,29 @@ def rabbitmq_find_sent(adapter: Any, queue: str, sent: Sequence[tuple[str, int]]
             exc,
         )
     finally:
-        with contextlib.suppress(Exception):
-            conn.close()
+        # Closing cancels the consumer, and pika rejects the deliveries it buffered,
+        # which a stream refuses by closing the connection: harmless here (all is
+        # read), so that close is not logged as an error.
+        quiet = _ThisThread()
+        pika_log = logging.getLogger("pika.adapters.blocking_connection")
+        pika_log.addFilter(quiet)
+        try:
+            with contextlib.suppress(Exception):
+                conn.close()
+        finally:
+            pika_log.removeFilter(quiet)
     return found
+
+
+class _ThisThread(logging.Filter):
+    """Drops the records of the thread that made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ident = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.ident
 
 
 def redis_take_over(

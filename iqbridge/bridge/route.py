@@ -188,7 +188,7 @@ class _Lane:
         r = self.runner
         tries = self.tries.get(d.msg_id, d.attempt)
         why = f"{type(exc).__name__}: {exc}"[:_REASON_MAX]
-        if r.policy.gives_up(exc, tries, d.max_attempts):
+        if r.policy.gives_up(exc, tries, r.policy.max_attempts):
             self.tries.pop(d.msg_id, None)
             unusable.append((d, f"bridge route {r.route.name}: {why} (try {tries})"))
             log.warning(
