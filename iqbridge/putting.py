@@ -342,11 +342,45 @@ class Putting(Subscribing):
             return
         except StaleRecord:
             pass
-        if self._probing is not None and not self._shared_txn:
-            self._find_sent([c.msg_id for c in changes])
+        for change in changes:
+            change.record.native_ref = None
+        if not self._shared_txn and self.hub.colocated is None:
+            if self._probing is not None:
+                self._find_sent([c.msg_id for c in changes])
+            with contextlib.suppress(StaleRecord):  # raced: settle each on its own
+                self._repeat(audience, envelopes, changes)
+                return
         for env, change in zip(envelopes, changes, strict=True):
             change.record.native_ref = None
             self._put_once(env, change)
+
+    def _repeat(self, audience: Audience, envelopes: list[Envelope], changes: list[Change]) -> None:
+        """A repeated put, as a batch: records the index lacks are created, and what
+        the broker lacks (new records, and old ones an earlier attempt left without a
+        native reference) is sent in one call, in the put's order, so a key's messages
+        reach the broker in order. StaleRecord if someone creates one meanwhile."""
+        known = self._store.load_many([c.msg_id for c in changes])
+        for rec in known.values():
+            if rec.queue != self.name:
+                raise InvalidArgument(
+                    f"msg_id {rec.msg_id} already names a message of queue {rec.queue!r}, "
+                    f"not {self.name!r}; give each message its own id"
+                )
+        fresh = [c for c in changes if c.msg_id not in known]
+        if fresh:
+            if self._native:
+                self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
+            self._store.commit_many(fresh)
+        send = [
+            env
+            if env.msg_id not in known
+            else dataclasses.replace(env, put_at=known[env.msg_id].created_at)
+            for env in envelopes
+            if env.msg_id not in known or known[env.msg_id].native_ref is None
+        ]
+        if send:
+            refs = self._adapter.send(self.name, send)
+            self._store.set_native_refs([(e.msg_id, r) for e, r in zip(send, refs, strict=True)])
 
     def _find_sent(self, msg_ids: list[str]) -> None:
         """Records an earlier attempt left without a native reference: ask the broker

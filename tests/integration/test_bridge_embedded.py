@@ -77,7 +77,7 @@ def _drain(dst: iqbridge.Hub, want: int, timeout: float = 30.0) -> list[Any]:
     deadline = time.monotonic() + timeout
     while len(got) < want and time.monotonic() < deadline:
         batch = q.get_many("sink", 500, timeout=0.5)
-        got += [d for d in batch]
+        got += list(batch)
         batch.done()
     return got
 
@@ -146,7 +146,7 @@ def test_a_poison_message_holds_back_only_its_key_and_goes_unusable(
 def test_stop_finishes_in_flight_work_and_leaves_nothing_in_doubt(
     tmp_path: Path, hubs: Any
 ) -> None:
-    src, dst = hubs
+    src, _dst = hubs
     FAIL.clear()
     FAIL.add(3)  # parked for a retry when the stop comes: given back, not left in doubt
     _put(src, 400)
@@ -255,7 +255,7 @@ def test_check_says_alive_while_the_bridge_runs(tmp_path: Path, hubs: Any) -> No
     with Bridge(parse_config(_config(tmp_path))) as bridge:
         stopper = threading.Thread(target=lambda: bridge.run(duration=3, handle_signals=False))
         stopper.start()
-        _wait(lambda: (tmp_path / "health.json").exists())
+        _wait((tmp_path / "health.json").exists)
         time.sleep(0.3)
         ok, why = check_health(tmp_path / "health.json", max_age=5)
         assert ok, why

@@ -121,7 +121,8 @@ def _assert_exact(bodies: list[bytes], run: KillRun) -> None:
         bad = next(k for k, ns in first.items() if ns != sorted(ns))
         print("key", bad, "order", first[bad])
     print(
-        f"kills={len(run.killed_at)} ({Counter(run.killed_at)}) read={len(bodies)} lost={lost} duplicated={dup} inversions={inversions}"
+        f"kills={len(run.killed_at)} ({Counter(run.killed_at)}) read={len(bodies)} "
+        f"lost={lost} duplicated={dup} inversions={inversions}"
     )
     assert (lost, dup, inversions) == (0, 0, 0)
 
@@ -275,6 +276,7 @@ def test_correlation_route_killed_50_times_aggregates_each_group_once(
         members_ok += ids == list(range(g * 5, g * 5 + 5))
     dup = sum(c - 1 for c in groups.values())
     print(
-        f"kills={len(run.killed_at)} aggregates={len(bodies)} groups={len(groups)} duplicated={dup} complete={members_ok}"
+        f"kills={len(run.killed_at)} aggregates={len(bodies)} groups={len(groups)} "
+        f"duplicated={dup} complete={members_ok}"
     )
     assert len(groups) == N // 5 and dup == 0 and members_ok == len(bodies)

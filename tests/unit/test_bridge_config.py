@@ -199,7 +199,7 @@ def test_a_transform_filters_splits_and_overrides() -> None:
 
 def test_a_transform_that_cannot_be_imported_is_a_configuration_error() -> None:
     with pytest.raises(
-        ConfigurationError, match="route 'orders', field transform 'nowhere.mod:fn'"
+        ConfigurationError, match=r"route 'orders', field transform 'nowhere\.mod:fn'"
     ):
         Translator(parse_config(_raw(transform="nowhere.mod:fn")).routes[0])
     with pytest.raises(ConfigurationError, match="has no function 'missing'"):
