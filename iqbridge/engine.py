@@ -513,8 +513,11 @@ def expire_due(rec: MessageRecord, now: int) -> Change | None:
     return step.finish()
 
 
-def reclaim(rec: MessageRecord, owner: str | None, now: int, reason: str) -> Change | None:
-    """Give back at once what ``owner`` holds, as if its leases had run out: the holder
+def reclaim(
+    rec: MessageRecord, subscriber: str, owner: str | None, now: int, reason: str
+) -> Change | None:
+    """Give back at once what ``owner`` holds of ``subscriber``'s (a member of a pool
+    is a subscriber here), as if its leases had run out: the holder
     is known to be gone (a restarted process on the same host, a bridge route taken
     over); ``owner=None`` gives back every holder's. An IN_PROCESS member goes back to
     AVAILABLE with attempt + 1, or UNUSABLE once ``max_attempts`` is used up (it may be
@@ -524,7 +527,11 @@ def reclaim(rec: MessageRecord, owner: str | None, now: int, reason: str) -> Cha
     step = _Step(rec, now)
     r = step.rec
     for member in r.members.values():
-        if member.state in IN_DOUBT and owner in (None, member.lease_owner):
+        if (
+            member.subscriber == subscriber
+            and member.state in IN_DOUBT
+            and owner in (None, member.lease_owner)
+        ):
             if member.state is S.FETCHED:
                 _release(step, member, reason, 0, next_attempt=False)
             elif member.attempt >= r.max_attempts:

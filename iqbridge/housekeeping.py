@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import timedelta
 
 from iqbridge import engine
 from iqbridge.adapter import TakesOver
 from iqbridge.errors import MessageNotFound
-from iqbridge.model import Filter
 from iqbridge.queue_core import QueueCore, to_seconds
-from iqbridge.states import SubscriberState
 
 __all__ = ["Housekeeping"]
 
@@ -57,27 +56,40 @@ class Housekeeping(QueueCore):
                 self._adapter.take_over(self.name, group)
         out: list[str] = []
         seen: set[str] = set()
-        for state in (SubscriberState.FETCHED, SubscriberState.IN_PROCESS):
-            while True:
-                hits = self._store.search(
-                    self.name, Filter(state=state, subscriber=subscriber, limit=500)
-                )
-                fresh = [h for h in hits if h.msg_id not in seen]
-                for hit in fresh:
-                    seen.add(hit.msg_id)
-                    try:
-                        change = self._apply(
-                            hit.msg_id, lambda r: engine.reclaim(r, owner, self._now(), why)
+        # Held messages have a lease, so a due time: the due index lists them (and the
+        # messages with a time limit or a browse lock), without a scan of the queue.
+        horizon = self._now() + 10 * 365 * 86_400 * 1_000_000
+        while True:
+            fresh = [m for m in self._store.due(self.name, horizon, 1000) if m not in seen]
+            if not fresh:
+                break
+            seen.update(fresh)
+            # One read and one commit per page; a record someone moved meanwhile is
+            # decided again on its own.
+            now = self._now()
+            recs = self._store.load_many(fresh)
+            changes = [
+                c
+                for m in fresh
+                if m in recs
+                if (c := engine.reclaim(recs[m], subscriber, owner, now, why)) is not None
+            ]
+            oks = self._store.commit_each(changes)
+            moved = [c for c, ok in zip(changes, oks, strict=True) if ok]
+            for c, ok in zip(changes, oks, strict=True):
+                if not ok:
+                    with contextlib.suppress(MessageNotFound):
+                        again = self._apply(
+                            c.msg_id,
+                            lambda r: engine.reclaim(r, subscriber, owner, self._now(), why),
                         )
-                    except MessageNotFound:
-                        continue
-                    if change is not None:
-                        self._wake(change.record)
-                        out.append(hit.msg_id)
-                        if self._native:
-                            self.hub.redeliveries.add((self.name, subscriber))
-                if len(hits) < 500 or not fresh:
-                    break
+                        if again is not None:
+                            moved.append(again)
+            for change in moved:
+                self._wake(change.record)
+                out.append(change.msg_id)
+                if self._native:
+                    self.hub.redeliveries.add((self.name, subscriber))
         if out:
             self.hub.notify()
         return out

@@ -153,7 +153,9 @@ class _Lane:
         ok: list[Delivery] = []
         kids: list[list[Outgoing]] = []
         unusable: list[tuple[Delivery, str]] = []
+        t0 = time.monotonic()
         self._start([d for d in ready if d.ordering_key not in self.parked])
+        t1 = time.monotonic()
         for d in ready:
             key = d.ordering_key
             if key in self.parked:
@@ -166,9 +168,22 @@ class _Lane:
                 continue
             ok.append(d)
             kids.append(children)
+        t2 = time.monotonic()
         if ok:
             ok, kids = self._put(ok, kids, unusable)
+        t3 = time.monotonic()
         self._settle(ok, kids, unusable)
+        log.debug(
+            "route %s lane %d: %d messages: start %.3f s, translate %.3f s, put %.3f s, "
+            "settle %.3f s",
+            r.route.name,
+            self.n,
+            len(ready),
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
+            time.monotonic() - t3,
+        )
 
     def _start(self, deliveries: list[Delivery]) -> None:
         """FETCHED -> IN_PROCESS in one commit: a crash from here on counts as an
