@@ -15,6 +15,7 @@ import functools
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ log = logging.getLogger("iqbridge")
 #: putting host and the broker).
 SKEW_MS = 2_000
 _PAGE = 1000
+#: How long a ledger read may take at most.
+_PROBE_TIMEOUT = 10.0
 
 
 def redis_find_sent(
@@ -126,27 +129,24 @@ def ledger_steps(adapter: Any, queue: str, group: str | None) -> list[Any]:
 
 def rabbitmq_find_sent(adapter: Any, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:
     """Messages of ``sent`` the queue's ledger recorded: msg_id -> msg_id (RabbitMQ's
-    reference). Read from shortly before the earliest put, until every one is found,
-    the ledger has no more, or it shows entries put well after the latest of ``sent``
-    (those were published after it: nothing of ``sent`` comes later)."""
+    reference). Read from shortly before the earliest put until every one is found or
+    a marker this call publishes to the ledger first comes back (the end as it was)."""
     from datetime import UTC, datetime
+
+    import pika
 
     want = {m for m, _ in sent}
     found: dict[str, str] = {}
     since = max(0, min(at for _, at in sent) // 1000 - SKEW_MS) / 1000
-    past = max(at for _, at in sent) + SKEW_MS * 1000
-    state = {"last": 0, "n": 0, "past": False}
+    state: dict[str, Any] = {"marker": None, "done": False}
     conn = adapter._blocking()
 
     def on_message(ch: Any, method: Any, props: Any, _body: bytes) -> None:
-        state["last"] = method.delivery_tag
-        state["n"] += 1
         mid = getattr(props, "message_id", None)
         if mid in want:
             found[mid] = mid
-        at = (props.headers or {}).get("x-iq-at")
-        if isinstance(at, int) and at > past:
-            state["past"] = True
+        elif mid == state["marker"]:
+            state["done"] = True
         if method.delivery_tag % 500 == 0:  # a stream consumer gets credit back by acks
             ch.basic_ack(method.delivery_tag, multiple=True)
 
@@ -154,12 +154,16 @@ def rabbitmq_find_sent(adapter: Any, queue: str, sent: Sequence[tuple[str, int]]
         ch = conn.channel()
         ch.basic_qos(prefetch_count=2 * _PAGE)
         args = {"x-stream-offset": datetime.fromtimestamp(since, UTC)}
-        ch.basic_consume(ledger_name(adapter, queue), on_message, arguments=args)
-        while want - found.keys() and not state["past"]:
-            before = state["n"]
-            conn.process_data_events(time_limit=0.1)
-            if state["n"] == before:
-                break  # the stream's end: it streams what it has at once
+        # Read up to the stream's end as it is now: a marker published to the ledger
+        # before reading comes after every entry already there.
+        name = ledger_name(adapter, queue)
+        marker = f"iq-probe-{uuid.uuid4().hex}"
+        ch.basic_publish("", name, b"", pika.BasicProperties(message_id=marker))
+        state["marker"] = marker
+        ch.basic_consume(name, on_message, arguments=args)
+        deadline = time.monotonic() + _PROBE_TIMEOUT
+        while want - found.keys() and not state["done"] and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.05)
     except Exception as exc:  # pika's errors: no ledger (yet), a closed channel
         log.warning(
             "RabbitMQ at %s: ledger of %r unreadable (%s); what it did not show is sent again",

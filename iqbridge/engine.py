@@ -519,10 +519,11 @@ def reclaim(
     """Give back at once what ``owner`` holds of ``subscriber``'s (a member of a pool
     is a subscriber here), as if its leases had run out: the holder
     is known to be gone (a restarted process on the same host, a bridge route taken
-    over); ``owner=None`` gives back every holder's. An IN_PROCESS member goes back to
-    AVAILABLE with attempt + 1, or UNUSABLE once ``max_attempts`` is used up (it may be
-    what made its holder crash); a FETCHED one, never started, goes back AVAILABLE with
-    its attempt unchanged. Returns None when nothing is given back.
+    over); ``owner=None`` gives back every holder's. Each goes back to AVAILABLE with
+    attempt + 1 (so every one of them is handed out again through the index, in put
+    order), except that an IN_PROCESS member whose ``max_attempts`` is used up goes
+    UNUSABLE (it may be what made its holder crash); a FETCHED one, never started, is
+    never made UNUSABLE by a crash. Returns None when nothing is given back.
     """
     step = _Step(rec, now)
     r = step.rec
@@ -532,9 +533,7 @@ def reclaim(
             and member.state in IN_DOUBT
             and owner in (None, member.lease_owner)
         ):
-            if member.state is S.FETCHED:
-                _release(step, member, reason, 0, next_attempt=False)
-            elif member.attempt >= r.max_attempts:
+            if member.state is S.IN_PROCESS and member.attempt >= r.max_attempts:
                 step.sub(
                     member,
                     SubEvent.UNUSABLE,

@@ -379,6 +379,13 @@ class Putting(Subscribing):
             if env.msg_id not in known or known[env.msg_id].native_ref is None
         ]
         if send:
+            log.debug(
+                "queue %s: a repeated put sends %d of %d (%d new)",
+                self.name,
+                len(send),
+                len(envelopes),
+                len(fresh),
+            )
             refs = self._adapter.send(self.name, send)
             self._store.set_native_refs([(e.msg_id, r) for e, r in zip(send, refs, strict=True)])
 

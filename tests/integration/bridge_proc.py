@@ -21,9 +21,9 @@ def _child(config: str) -> None:
     from iqbridge.bridge import Bridge, load_config
 
     logging.basicConfig(
-        level=logging.WARNING,
+        level=logging.INFO if os.environ.get("IQ_BK_VERBOSE") else logging.WARNING,
         stream=sys.stderr,
-        format=f"[bridge {os.getpid()}] %(levelname)s %(name)s: %(message)s",
+        format=f"%(created).3f [bridge {os.getpid()}] %(threadName)s %(levelname)s %(name)s: %(message)s",
     )
     try:
         Bridge(load_config(config)).run()

@@ -114,6 +114,8 @@ def _assert_exact(bodies: list[bytes], run: KillRun) -> None:
     lost = N - len(seen)
     dup = sum(c - 1 for c in seen.values())
     _, _, inversions = check_order(items)
+    if os.environ.get("IQ_BK_DUMP"):
+        Path(os.environ["IQ_BK_DUMP"]).write_text("\n".join(b.decode() for b in bodies))
     if inversions:
         first: dict[str, list[int]] = {}
         for k, n in items:
