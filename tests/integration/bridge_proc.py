@@ -23,7 +23,10 @@ def _child(config: str) -> None:
     logging.basicConfig(
         level=logging.INFO if os.environ.get("IQ_BK_VERBOSE") else logging.WARNING,
         stream=sys.stderr,
-        format=f"%(created).3f [bridge {os.getpid()}] %(threadName)s %(levelname)s %(name)s: %(message)s",
+        format=(
+            f"%(created).3f [bridge {os.getpid()}] %(threadName)s %(levelname)s %(name)s: "
+            "%(message)s"
+        ),
     )
     try:
         Bridge(load_config(config)).run()
