@@ -186,8 +186,13 @@ class _Lane:
         )
 
     def _start(self, deliveries: list[Delivery]) -> None:
-        """FETCHED -> IN_PROCESS in one commit: a crash from here on counts as an
-        attempt (a message that kills the bridge ends UNUSABLE, not in a crash loop)."""
+        """FETCHED -> IN_PROCESS in one commit, on a route with a transform: the user's
+        code could crash the process, so a crash from here on counts against the
+        message (one that kills the bridge ends UNUSABLE, not in a crash loop). Without
+        a transform nothing of a message can crash the bridge: its deliveries stay
+        FETCHED until DONE, and a crash never makes them UNUSABLE."""
+        if self.runner.translator.transform is None:
+            return
         fresh = [d for d in deliveries if d.state is SubscriberState.FETCHED]
         pause = 0.2
         while fresh and not self.runner.aborted.is_set():

@@ -117,7 +117,7 @@ class Translator:
     def __init__(self, route: Route) -> None:
         self.route = route
         self.publisher = route.publisher or f"bridge.{route.name}"
-        self._transform = (
+        self.transform = (
             load_callable(route.transform, f"route {route.name!r}, field transform")
             if route.transform
             else None
@@ -163,7 +163,7 @@ class Translator:
     def children(self, msg: BridgeMessage) -> list[Outgoing]:
         """The children of one parent, with their final msg_ids and parents."""
         base = self.base(msg)
-        if self._transform is None:
+        if self.transform is None:
             made: list[Outgoing] = [base]
         else:
             view = BridgeMessage(
@@ -179,7 +179,7 @@ class Translator:
                 msg.parents,
                 msg.put_at,
             )
-            made = [self._fill(o, base) for o in _many(self._transform(view))]
+            made = [self._fill(o, base) for o in _many(self.transform(view))]
         return [
             _with_ids(o, child_id(self.route.name, (msg.msg_id,), n), (msg.msg_id,))
             for n, o in enumerate(made)
