@@ -73,6 +73,7 @@ class Correlator:
         self.emit = emit
         self.publisher = publisher
         self.staging: Queue = state.queue(f"iq.bridge.{bridge}.{route}.groups")
+        self._store = state.store
         self._groups: dict[str, Group] = {}
         self._bytes = 0
         self._lock = threading.RLock()
@@ -139,9 +140,15 @@ class Correlator:
                 )
             )
         self.staging.put_each([m for m, _ in msgs], to=[_AGGREGATOR])
+        # Staged again after a crash (the source message came back): an input already
+        # withdrawn went into an aggregate before the crash; it must not go into another.
+        recs = self._store.load_many([str(m.msg_id) for m, _ in msgs])
         now = time.time()
         with self._lock:
             for out, view in msgs:
+                rec = recs.get(str(out.msg_id))
+                if rec is None or rec.withdrawn:
+                    continue
                 self._add(str(out.correlation_id), view, now)
             self._enforce_budget()
 
