@@ -244,6 +244,9 @@ def test_lineage_and_the_commands(tmp_path: Path, hubs: Any) -> None:
     shown = runner.invoke(app, ["lineage", kid, "--config", str(path)])
     assert shown.exit_code == 0, shown.output
     assert root in shown.output and kid in shown.output
+    live = runner.invoke(app, ["bridge", "run", str(path), "--duration", "1", "--live"])
+    assert live.exit_code == 0, live.output
+    assert "bridge t" in live.output and "standby" not in live.output  # the live table
     checked = runner.invoke(app, ["bridge", "check", str(path), "--max-age", "60"])
     assert checked.exit_code == 1 and "stopping" in checked.output  # it stopped cleanly
     (tmp_path / "health.json").unlink()
