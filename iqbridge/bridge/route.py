@@ -47,6 +47,8 @@ from iqbridge.putting import Outgoing
 from iqbridge.retry import RetryPolicy
 from iqbridge.states import SubscriberState
 
+S = SubscriberState
+
 __all__ = ["RouteRunner", "RouteStats"]
 
 log = logging.getLogger("iqbridge.bridge")
@@ -563,7 +565,11 @@ class RouteRunner:
         if held:
             settled = Batch(self.src, held).renew(self.route.lease)
             with self._lock:  # settled meanwhile is not lost
-                lost = [m for m in settled.lost if m in self._held]
+                lost = [
+                    m
+                    for m in settled.lost
+                    if m in self._held and self._held[m].state in (S.FETCHED, S.IN_PROCESS)
+                ]
             if lost:
                 log.warning("route %s: %d deliveries' leases lost", self.route.name, len(lost))
         if self.correlator is not None and self.lease.held is not None:
