@@ -174,7 +174,8 @@ class Route(_Model):
 
 class BridgeSettings(_Model):
     """The daemon: its name, where its own state lives (route leases and pending
-    aggregations; a hub URL, shared by every process of the bridge) and its health file."""
+    aggregations; a hub URL shared by every process of the bridge: ``sqlite:///`` on one
+    host, ``redis://`` across hosts) and its health file."""
 
     name: Name = "bridge"
     state: str = "sqlite:///iq-bridge-state.db"
