@@ -11,12 +11,17 @@ has every message JOURNALLED for the bridge.
 
 The correlation route (SQLite to Redis Streams, aggregates of 5) is killed the same
 way: every group is aggregated exactly once, with all of its five inputs.
+
+The four scenarios run at once (a module fixture, one thread each, each with its own
+names, fork server and bridge), so together they take about as long as the longest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -129,13 +134,15 @@ def _assert_exact(bodies: list[bytes], run: KillRun) -> None:
     assert (lost, dup, inversions) == (0, 0, 0)
 
 
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
+@contextlib.contextmanager
+def _redis_prefix() -> Iterator[str]:
     need_server(f"Redis at {REDIS_URL}", *redis_reachable())
     prefix = f"iqt-bk-{uuid.uuid4().hex[:8]}"
-    yield prefix
-    drop_streams(prefix)
-    drop_keys(prefix)
+    try:
+        yield prefix
+    finally:
+        drop_streams(prefix)
+        drop_keys(prefix)
 
 
 def _redis_url(prefix: str) -> str:
@@ -151,40 +158,38 @@ def _read_redis(prefix: str) -> Callable[[], list[bytes]]:
     return read
 
 
-@pytest.mark.redis
-@pytest.mark.timeout(600)
-def test_sqlite_to_redis_streams_killed_50_times(tmp_path: Path, redis_prefix: str) -> None:
+Result = tuple[list[bytes], KillRun]
+
+
+def sqlite_to_redis(tmp_path: Path) -> Result:
     with (
+        _redis_prefix() as prefix,
         iqbridge.connect(f"sqlite:///{tmp_path}/src.db") as src,
-        iqbridge.connect(_redis_url(redis_prefix)) as dst,
+        iqbridge.connect(_redis_url(prefix)) as dst,
     ):
         dst.queue("orders").subscribe("sink")
-        route = _route({"url": f"sqlite:///{tmp_path}/src.db"}, {"url": _redis_url(redis_prefix)})
-        bodies, run = _run(tmp_path, route, src, _read_redis(redis_prefix), N)
-    _assert_exact(bodies, run)
+        route = _route({"url": f"sqlite:///{tmp_path}/src.db"}, {"url": _redis_url(prefix)})
+        return _run(tmp_path, route, src, _read_redis(prefix), N)
 
 
-@pytest.mark.redis
-@pytest.mark.rabbitmq
-@pytest.mark.timeout(600)
-def test_redis_streams_to_rabbitmq_killed_50_times(tmp_path: Path, redis_prefix: str) -> None:
+def redis_to_rabbitmq(tmp_path: Path) -> Result:
     need_rabbitmq()
     rprefix = f"iqt-bk-{uuid.uuid4().hex[:8]}-"
     amqp = url_with(rprefix, ledger="true")
     index = f"sqlite:///{tmp_path}/rabbit-index.db"
     try:
         with (
-            iqbridge.connect(_redis_url(redis_prefix)) as src,
+            _redis_prefix() as prefix,
+            iqbridge.connect(_redis_url(prefix)) as src,
             iqbridge.connect(amqp, index=index) as dst,
         ):
             dst.queue("orders").subscribe("sink")
             remember(dst.adapter)
             count = _counting_rabbit(f"{rprefix}orders.sink")
-            route = _route({"url": _redis_url(redis_prefix)}, {"url": amqp, "index": index})
-            bodies, run = _run(tmp_path, route, src, count, N)
+            route = _route({"url": _redis_url(prefix)}, {"url": amqp, "index": index})
+            return _run(tmp_path, route, src, count, N)
     finally:
         drop_prefixed(rprefix)
-    _assert_exact(bodies, run)
 
 
 def _counting_rabbit(queue: str) -> Callable[[], list[bytes]]:
@@ -203,10 +208,7 @@ def _counting_rabbit(queue: str) -> Callable[[], list[bytes]]:
     return read
 
 
-@pytest.mark.rabbitmq
-@pytest.mark.kafka
-@pytest.mark.timeout(600)
-def test_rabbitmq_to_kafka_killed_50_times(tmp_path: Path) -> None:
+def rabbitmq_to_kafka(tmp_path: Path) -> Result:
     need_rabbitmq()
     rprefix = f"iqt-bk-{uuid.uuid4().hex[:8]}-"
     kprefix = f"iqt-bk-{uuid.uuid4().hex[:8]}-"
@@ -224,10 +226,9 @@ def test_rabbitmq_to_kafka_killed_50_times(tmp_path: Path) -> None:
             remember(src.adapter)
             read = _reading_kafka(f"{kprefix}orders")
             route = _route({"url": amqp, "index": src_index}, {"url": kafka, "index": dst_index})
-            bodies, run = _run(tmp_path, route, src, read, N)
+            return _run(tmp_path, route, src, read, N)
     finally:
         drop_prefixed(rprefix)
-    _assert_exact(bodies, run)
 
 
 def _reading_kafka(topic: str) -> Callable[[], list[bytes]]:
@@ -252,23 +253,92 @@ def _reading_kafka(topic: str) -> Callable[[], list[bytes]]:
     return read
 
 
-@pytest.mark.redis
-@pytest.mark.timeout(600)
-def test_correlation_route_killed_50_times_aggregates_each_group_once(
-    tmp_path: Path, redis_prefix: str
-) -> None:
+def correlation(tmp_path: Path) -> Result:
     with (
+        _redis_prefix() as prefix,
         iqbridge.connect(f"sqlite:///{tmp_path}/src.db") as src,
-        iqbridge.connect(_redis_url(redis_prefix)) as dst,
+        iqbridge.connect(_redis_url(prefix)) as dst,
     ):
         dst.queue("orders").subscribe("sink")
         route = _route(
             {"url": f"sqlite:///{tmp_path}/src.db"},
-            {"url": _redis_url(redis_prefix)},
+            {"url": _redis_url(prefix)},
             correlate={"count": 5, "timeout": 600},
         )
-        bodies, run = _run(tmp_path, route, src, _read_redis(redis_prefix), N // 5)
-    groups = Counter()
+        return _run(tmp_path, route, src, _read_redis(prefix), N // 5)
+
+
+SCENARIOS: dict[str, Callable[[Path], Result]] = {
+    "sqlite_to_redis": sqlite_to_redis,
+    "redis_to_rabbitmq": redis_to_rabbitmq,
+    "rabbitmq_to_kafka": rabbitmq_to_kafka,
+    "correlation": correlation,
+}
+
+
+@pytest.fixture(scope="module")
+def results(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Result | BaseException]:
+    """Every scenario this session selected, run at once (each its own brokers'
+    names, fork server and bridge process), so the four take the time of the longest."""
+    wanted = [
+        name
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+        for name in SCENARIOS
+        if item.name.startswith(f"test_{name}")
+    ]
+    out: dict[str, Result | BaseException] = {}
+
+    def one(name: str) -> None:
+        try:
+            out[name] = SCENARIOS[name](tmp_path_factory.mktemp(name))
+        except BaseException as exc:  # reported by the scenario's own test
+            out[name] = exc
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in dict.fromkeys(wanted)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def _result(results: dict[str, Result | BaseException], name: str) -> Result:
+    got = results[name]
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(600)
+def test_sqlite_to_redis_streams_killed_50_times(results: dict[str, Any]) -> None:
+    _assert_exact(*_result(results, "sqlite_to_redis"))
+
+
+@pytest.mark.redis
+@pytest.mark.rabbitmq
+@pytest.mark.timeout(600)
+def test_redis_to_rabbitmq_killed_50_times(results: dict[str, Any]) -> None:
+    _assert_exact(*_result(results, "redis_to_rabbitmq"))
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.kafka
+@pytest.mark.timeout(600)
+def test_rabbitmq_to_kafka_killed_50_times(results: dict[str, Any]) -> None:
+    _assert_exact(*_result(results, "rabbitmq_to_kafka"))
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(600)
+def test_correlation_route_killed_50_times_aggregates_each_group_once(
+    results: dict[str, Any],
+) -> None:
+    bodies, run = _result(results, "correlation")
+    groups: Counter[int] = Counter()
     members_ok = 0
     for b in bodies:
         items = [json.loads(x) if isinstance(x, str) else x for x in json.loads(b)]
