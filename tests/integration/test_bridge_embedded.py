@@ -264,3 +264,51 @@ def test_check_says_alive_while_the_bridge_runs(tmp_path: Path, hubs: Any) -> No
         assert ok, why
         assert "1 route(s), 1 active here" in why
         stopper.join()
+
+
+def test_a_poison_route_holds_back_no_other_route(tmp_path: Path, hubs: Any) -> None:
+    src, dst = hubs
+    FAIL.clear()
+    FAIL.update(range(20))  # every message of route "bad" fails
+    src.queue("other").subscribe("bridge")
+    cfg = _config(tmp_path, transform=f"{__name__}:poison", retry={"max_attempts": 50})
+    good = dict(cfg["routes"][0], name="good", transform=None)
+    good["source"] = dict(good["source"], queue="other")
+    cfg["routes"].append(good)
+    _put(src, 20)
+    src.queue("other").put_each([Outgoing({"i": i, "k": "x"}) for i in range(30)])
+    with Bridge(parse_config(cfg)) as bridge:
+        got = _drain(dst, 30)
+        by = {s.name: s for s in bridge.stats()}
+    assert sorted(d.payload["i"] for d in got) == list(range(30))
+    assert by["good"].bridged == 30 and by["r"].bridged == 0 and by["r"].retried >= 7
+    FAIL.clear()
+
+
+def test_sigterm_on_the_command_stops_cleanly_and_leaves_nothing_in_doubt(
+    tmp_path: Path, hubs: Any
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    src, dst = hubs
+    _put(src, 3000)
+    path = tmp_path / "bridge.yaml"
+    path.write_text(yaml.safe_dump(_config(tmp_path)))
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("iq")), "bridge", "run", str(path), "--no-live"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait(lambda: len(dst.queue("orders").search(Filter(limit=5))) >= 1, timeout=30)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "stopped:" in out
+    q = src.queue("orders")
+    for state in (S.FETCHED, S.IN_PROCESS):
+        assert q.search(Filter(state=state, subscriber="bridge")) == []
+    bridged = int(out.split("stopped:")[1].split()[0])
+    assert len(q.search(Filter(state=S.JOURNALLED, subscriber="bridge", limit=5000))) == bridged
