@@ -441,11 +441,9 @@ def release(
     return step.finish()
 
 
-def _release(
-    step: _Step, member: Member, reason: str, delay_us: int, *, next_attempt: bool = True
-) -> None:
+def _release(step: _Step, member: Member, reason: str, delay_us: int) -> None:
     rec = step.rec
-    step.sub(member, SubEvent.RELEASE, reason, next_attempt=next_attempt)
+    step.sub(member, SubEvent.RELEASE, reason, next_attempt=True)
     member.reason = reason
     member.not_before = step.now + delay_us if delay_us > 0 else None
     if rec.withdrawn or (rec.expires_at is not None and step.now >= rec.expires_at):

@@ -345,13 +345,10 @@ class Putting(Subscribing):
         for change in changes:
             change.record.native_ref = None
         if not self._shared_txn and self.hub.colocated is None:
-            if self._probing is not None:
-                self._find_sent([c.msg_id for c in changes])
             with contextlib.suppress(StaleRecord):  # raced: settle each on its own
                 self._repeat(audience, envelopes, changes)
                 return
         for env, change in zip(envelopes, changes, strict=True):
-            change.record.native_ref = None
             self._put_once(env, change)
 
     def _repeat(self, audience: Audience, envelopes: list[Envelope], changes: list[Change]) -> None:
@@ -366,6 +363,8 @@ class Putting(Subscribing):
                     f"msg_id {rec.msg_id} already names a message of queue {rec.queue!r}, "
                     f"not {self.name!r}; give each message its own id"
                 )
+        if self._probing is not None:
+            self._find_sent(known)
         fresh = [c for c in changes if c.msg_id not in known]
         if fresh:
             if self._native:
@@ -389,11 +388,11 @@ class Putting(Subscribing):
             refs = self._adapter.send(self.name, send)
             self._store.set_native_refs([(e.msg_id, r) for e, r in zip(send, refs, strict=True)])
 
-    def _find_sent(self, msg_ids: list[str]) -> None:
+    def _find_sent(self, known: dict[str, MessageRecord]) -> None:
         """Records an earlier attempt left without a native reference: ask the broker
-        which it holds and record their references, so only the rest is sent again."""
+        which it holds and record their references (in the index and in ``known``), so
+        only the rest is sent again."""
         assert self._probing is not None
-        known = self._store.load_many(msg_ids)
         lost = [(r.msg_id, r.created_at) for r in known.values() if r.native_ref is None]
         if not lost:
             return
@@ -406,6 +405,8 @@ class Putting(Subscribing):
                 len(lost),
             )
             self._store.set_native_refs(sorted(found.items()))
+            for msg_id, ref in found.items():
+                known[msg_id].native_ref = ref
 
     def _put_once(self, env: Envelope, change: Change) -> None:
         """Create one message unless the index has it; send what the broker lacks."""
