@@ -16,7 +16,8 @@ blocking ``get(timeout=...)`` never stalls the loop::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -143,6 +144,10 @@ class AsyncQueue:
     async def purge(self, older_than: float) -> int:
         """See :meth:`Queue.purge`."""
         return await asyncio.to_thread(self.sync.purge, older_than)
+
+    async def purge_listed(self, ids: Sequence[str], before: datetime | int) -> int:
+        """See :meth:`Queue.purge_listed`."""
+        return await asyncio.to_thread(self.sync.purge_listed, ids, before)
 
 
 class AsyncDelivery:

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 
 from iqbridge import engine
 from iqbridge.adapter import TakesOver
-from iqbridge.errors import MessageNotFound
+from iqbridge.errors import InvalidArgument, MessageNotFound
+from iqbridge.model import to_micros
 from iqbridge.queue_core import QueueCore, to_seconds
+from iqbridge.stores.base import PurgedMessage
 
 __all__ = ["Housekeeping"]
 
 log = logging.getLogger("iqbridge")
+
+#: Messages a purge asks the store for at a time (and ids it lists in one call).
+_PURGE_PAGE = 1000
 
 
 class Housekeeping(QueueCore):
@@ -102,10 +108,40 @@ class Housekeeping(QueueCore):
         before = self._now() - int(secs * 1_000_000)
         total = 0
         while True:
-            gone = self._store.purge(self.name, before, limit=1000)
-            refs = [g.native_ref for g in gone if g.native_ref]
-            if refs:
-                self._adapter.delete(self.name, refs)
-            total += len(gone)
-            if len(gone) < 1000:
+            gone = self._purged(self._store.purge(self.name, before, limit=_PURGE_PAGE))
+            total += gone
+            if gone < _PURGE_PAGE:
                 return total
+
+    def purge_listed(self, ids: Sequence[str], before: datetime | int) -> int:
+        """Delete exactly the listed messages that may go: those of this queue whose
+        publisher is JOURNALLED and whose record last changed before ``before`` (an aware
+        datetime, a naive one read as UTC, or microseconds since the epoch), payload
+        included; the journal is kept. Ids of other queues, unknown (or already purged)
+        ids and messages no longer JOURNALLED (re-revealed since the list was made) or
+        changed since ``before`` are left alone. This is how a purge plan is applied
+        (``iq purge --from-plan``): the analytics retention job archives what it lists,
+        and nothing it did not archive goes. Returns how many were purged."""
+        if isinstance(ids, str):
+            raise InvalidArgument("ids must be a sequence of message ids, not one string")
+        if isinstance(before, datetime):
+            cutoff = to_micros(before)
+        elif isinstance(before, int) and not isinstance(before, bool):
+            cutoff = before
+        else:
+            raise InvalidArgument(
+                f"before must be a datetime or microseconds since the epoch, not {before!r}"
+            )
+        listed = list(dict.fromkeys(ids))
+        total = 0
+        for i in range(0, len(listed), _PURGE_PAGE):
+            chunk = listed[i : i + _PURGE_PAGE]
+            total += self._purged(self._store.purge(self.name, cutoff, limit=len(chunk), ids=chunk))
+        return total
+
+    def _purged(self, gone: Sequence[PurgedMessage]) -> int:
+        """Delete from the broker the payloads of messages the store purged; how many."""
+        refs = [g.native_ref for g in gone if g.native_ref]
+        if refs:
+            self._adapter.delete(self.name, refs)
+        return len(gone)

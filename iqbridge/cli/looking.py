@@ -1,12 +1,17 @@
-"""Commands that look at messages: state, search, browse (and unlock), purge."""
+"""Commands that look at messages: state, search, browse (and unlock), purge (by age, or
+exactly the messages a retention job's purge plan lists)."""
 
 import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from iqbridge.cli.context import open_hub, open_queue, settings
+from iqbridge.analytics.schema import unescape_partition
+from iqbridge.cli.context import CommandError, open_hub, open_queue, settings
 from iqbridge.cli.parsing import parse_duration, parse_priority, parse_state, parse_time
 from iqbridge.cli.render import (
     payload_text,
@@ -18,7 +23,17 @@ from iqbridge.cli.render import (
 from iqbridge.errors import IQError
 from iqbridge.model import Filter
 
-__all__ = ["browse", "purge", "search", "state", "unlock"]
+__all__ = [
+    "PLAN_COLUMNS",
+    "PlanRow",
+    "PurgePlanError",
+    "browse",
+    "purge",
+    "read_plan",
+    "search",
+    "state",
+    "unlock",
+]
 
 QueueArg = Annotated[str, typer.Argument(help="Queue name.", show_default=False)]
 MsgIdOpt = Annotated[str | None, typer.Option("--msg-id", help="This message only.")]
@@ -195,16 +210,231 @@ def unlock(
 
 def purge(
     ctx: typer.Context,
-    queue: QueueArg,
-    older_than: Annotated[
-        str,
-        typer.Option(
-            "--older-than", help="Journalled for longer than this: 30s, 15m, 12h, 7d, seconds."
+    queue: Annotated[
+        str | None,
+        typer.Argument(
+            help="Queue name (needed with --older-than; with --from-plan, only its rows).",
+            metavar="QUEUE",
+            show_default=False,
         ),
-    ],
+    ] = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than",
+            help="Journalled for longer than this: 30s, 15m, 12h, 7d, seconds.",
+            show_default=False,
+        ),
+    ] = None,
+    from_plan: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-plan",
+            metavar="PLAN",
+            help="Exactly the messages a purge plan lists (a Parquet file or directory, "
+            "written by the analytics retention job), if still JOURNALLED since before "
+            "their rule's cutoff.",
+            show_default=False,
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="With --from-plan: count what it lists, delete nothing."),
+    ] = False,
 ) -> None:
-    """Delete journalled messages (payload included; the journal is kept)."""
+    """Delete journalled messages (payload included; the journal is kept): those journalled
+    for longer than --older-than, or exactly those a purge plan lists (--from-plan)."""
+    if (older_than is None) == (from_plan is None):
+        raise typer.BadParameter(
+            "give exactly one of --older-than (with QUEUE) and --from-plan",
+            param_hint="'--older-than' / '--from-plan'",
+        )
+    if from_plan is not None:
+        _purge_from_plan(ctx, from_plan, queue, dry_run)
+        return
+    assert older_than is not None
+    if dry_run:
+        raise typer.BadParameter("only goes with --from-plan", param_hint="'--dry-run'")
+    if queue is None:
+        raise typer.BadParameter("--older-than needs the queue to purge", param_hint="QUEUE")
     secs = parse_duration(older_than, "--older-than")
     with open_hub(ctx, create=False) as hub:
         count = open_queue(hub, queue).purge(secs)
     settings(ctx).out.print(f"purged {count} message(s)")
+
+
+# --- purge plans ------------------------------------------------------------------------
+
+#: The columns of a purge plan, as the analytics retention job writes them.
+PLAN_COLUMNS = ("store", "queue", "msg_id", "journalled_at", "before")
+_TEXT_COLUMNS = ("store", "queue", "msg_id")
+_TIME_COLUMNS = ("journalled_at", "before")
+#: Microseconds per unit of a Parquet timestamp.
+_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
+
+
+class PurgePlanError(CommandError):
+    """A purge plan that cannot be applied: missing, unreadable, or not shaped as the
+    retention job writes it. The message names the file and what is wrong with it."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"purge plan {path}: {problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRow:
+    """One message a purge plan lists: the store and queue it is in, its id, and the
+    cutoff (microseconds) its record must have last changed before."""
+
+    store: str
+    queue: str
+    msg_id: str
+    before: int
+
+
+def read_plan(path: Path) -> list[PlanRow]:
+    """Every row of a purge plan: a Parquet file, or a directory of them (as Spark writes
+    it: names starting with ``_`` or ``.`` are skipped, ``key=value`` directories give
+    their column). Raises :class:`PurgePlanError` naming the file and the problem, or
+    :class:`CommandError` if pyarrow is not installed."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise CommandError(
+            "reading a purge plan needs pyarrow: pip install 'iqbridge[spark]'"
+        ) from None
+    rows: list[PlanRow] = []
+    for file in _plan_files(path):
+        try:
+            table = pq.read_table(file)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PurgePlanError(file, f"not a readable Parquet file ({first})") from None
+        table = _with_partition_columns(pa, table, file.relative_to(path).parent.parts)
+        rows.extend(_plan_rows(pa, file, table))
+    return rows
+
+
+def _plan_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise PurgePlanError(path, "no such file or directory")
+    files = sorted(
+        f
+        for f in path.rglob("*")
+        if f.is_file() and not any(p.startswith(("_", ".")) for p in f.relative_to(path).parts)
+    )
+    if not files:
+        raise PurgePlanError(path, "the directory holds no Parquet files")
+    return files
+
+
+def _with_partition_columns(pa: Any, table: Any, dirs: tuple[str, ...]) -> Any:
+    for part in dirs:
+        key, sep, value = part.partition("=")
+        if sep and key in _TEXT_COLUMNS and key not in table.column_names:
+            column = pa.array([unescape_partition(value)] * table.num_rows, pa.string())
+            table = table.append_column(key, column)
+    return table
+
+
+def _plan_rows(pa: Any, file: Path, table: Any) -> list[PlanRow]:
+    names = list(table.column_names)
+    missing = [c for c in PLAN_COLUMNS if c not in names]
+    if missing:
+        has = ", ".join(names) or "none"
+        raise PurgePlanError(
+            file, f"missing column(s) {', '.join(missing)} (it has {has}); is it a purge plan?"
+        )
+    columns: dict[str, list[Any]] = {}
+    for name in PLAN_COLUMNS:
+        col = table.column(name)
+        if name in _TIME_COLUMNS:
+            if not pa.types.is_timestamp(col.type):
+                raise PurgePlanError(file, f"column {name} is {col.type}, not a timestamp")
+            unit = col.type.unit
+            raw = col.cast(pa.int64()).to_pylist()
+            columns[name] = [
+                None if v is None else (v // 1000 if unit == "ns" else v * _PER_UNIT[unit])
+                for v in raw
+            ]
+        else:
+            try:
+                columns[name] = col.cast(pa.string()).to_pylist()
+            except (pa.ArrowException, ValueError):
+                raise PurgePlanError(file, f"column {name} is {col.type}, not text") from None
+        if name != "journalled_at" and col.null_count:
+            raise PurgePlanError(file, f"column {name} has {col.null_count} empty value(s)")
+    return [
+        PlanRow(store, queue, msg_id, before)
+        for store, queue, msg_id, before in zip(
+            columns["store"], columns["queue"], columns["msg_id"], columns["before"], strict=True
+        )
+    ]
+
+
+def _purge_from_plan(ctx: typer.Context, plan: Path, queue: str | None, dry_run: bool) -> None:
+    rows = read_plan(plan)
+    cfg = settings(ctx)
+    with open_hub(ctx, create=False) as hub:
+        url = hub.store.url
+        listed: dict[str, dict[str, int]] = {}  # queue -> msg_id -> the earliest cutoff
+        elsewhere: Counter[str] = Counter()
+        other_queues = 0
+        for row in rows:
+            if row.store != url:
+                elsewhere[row.store] += 1
+            elif queue is not None and row.queue != queue:
+                other_queues += 1
+            else:
+                ids = listed.setdefault(row.queue, {})
+                ids[row.msg_id] = min(row.before, ids.get(row.msg_id, row.before))
+        known = set(hub.queues())
+        unknown = {q: len(ids) for q, ids in listed.items() if q not in known}
+        purged = tried = 0
+        for name in sorted(listed):
+            ids = listed[name]
+            if dry_run:
+                note = "" if name in known else " (no such queue)"
+                cfg.out.print(f"{escape(name)}: {len(ids)} listed{note}", soft_wrap=True)
+                continue
+            if name not in known:
+                continue
+            by_cutoff: dict[int, list[str]] = {}
+            for msg_id, before in ids.items():
+                by_cutoff.setdefault(before, []).append(msg_id)
+            q = open_queue(hub, name)
+            for before, group in sorted(by_cutoff.items()):
+                purged += q.purge_listed(group, before)
+                tried += len(group)
+    parts = [
+        (
+            f"dry run: {sum(len(i) for i in listed.values())} message(s) listed for this "
+            f"store in {plan}, nothing deleted"
+            if dry_run
+            else f"purged {purged} message(s) from {plan}; {tried - purged} listed no longer "
+            f"purgeable (re-revealed, too recent or gone)"
+        ),
+        _elsewhere(elsewhere),
+    ]
+    if unknown:
+        names = ", ".join(sorted(unknown))
+        parts.append(f"{sum(unknown.values())} for unknown queue(s) ({names})")
+    if other_queues:
+        parts.append(f"{other_queues} for other queues")
+    cfg.out.print(escape("; ".join(parts)), soft_wrap=True)
+
+
+def _elsewhere(counts: Counter[str]) -> str:
+    """How many rows a plan has for other stores, and which (to rerun with their URL)."""
+    total = sum(counts.values())
+    if not total:
+        return "0 for other stores"
+    named = sorted(counts)
+    shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+    which = "it" if len(named) == 1 else "each"
+    return f"{total} for other stores ({shown}; rerun with --url/--index naming {which})"

@@ -166,10 +166,23 @@ class IndexStore(Protocol):
         """Journal entries with ``seq`` greater than ``after``, oldest first."""
         ...
 
-    def purge(self, queue: str, before: int, limit: int = 1000) -> list[PurgedMessage]:
-        """Delete messages whose publisher is JOURNALLED since before ``before``.
+    def purge(
+        self,
+        queue: str,
+        before: int,
+        limit: int = 1000,
+        ids: Sequence[str] | None = None,
+    ) -> list[PurgedMessage]:
+        """Delete messages of ``queue`` whose publisher is JOURNALLED and whose record was
+        last changed (``updated_at``) before ``before``: at most ``limit`` of them, the
+        oldest in put order first; returns them, in put order.
 
-        The journal is kept (it is the audit trail and the analytics source).
+        With ``ids``, only those messages are considered (a purge plan's list): the same
+        rule applies to each, and ids the store does not know, ids of another queue and
+        repeated ids are ignored (an empty list purges nothing). The check and the delete
+        are one step, so a message moved out of JOURNALLED meanwhile (re-revealed) stays.
+        The journal is kept (it is the audit trail and the analytics source); the
+        message's retained payload copy goes with its record.
         """
         ...
 

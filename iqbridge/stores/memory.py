@@ -227,15 +227,29 @@ class MemoryStore(AvailableQueries):
         with self._lock:
             return self._journal[after : after + limit]
 
-    def purge(self, queue: str, before: int, limit: int = 1000) -> list[PurgedMessage]:
-        """Drop journalled messages last changed before ``before``."""
+    def purge(
+        self,
+        queue: str,
+        before: int,
+        limit: int = 1000,
+        ids: Sequence[str] | None = None,
+    ) -> list[PurgedMessage]:
+        """Drop journalled messages last changed before ``before`` (only ``ids``, if given)."""
         with self._lock:
+            if ids is None:
+                recs = self._ordered(queue)
+            else:
+                listed = self._by_queue.get(queue, {})
+                recs = sorted(
+                    (self._records[i] for i in dict.fromkeys(ids) if i in listed),
+                    key=lambda r: r.seq or 0,
+                )
             gone: list[PurgedMessage] = []
-            for rec in self._ordered(queue):
+            for rec in recs:
+                if len(gone) >= limit:
+                    break
                 if rec.publisher_state is PublisherState.JOURNALLED and rec.updated_at < before:
                     gone.append(PurgedMessage(rec.msg_id, rec.native_ref))
-                    if len(gone) >= limit:
-                        break
             for p in gone:
                 del self._records[p.msg_id]
                 del self._by_queue[queue][p.msg_id]

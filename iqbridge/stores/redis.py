@@ -40,6 +40,7 @@ and the script plumbing with its RESP packer (:mod:`iqbridge.stores.redis_script
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -171,10 +172,19 @@ class RedisStore(RedisCommits, RedisReads):
 
     # --- purge, queues, subscriptions --------------------------------------------------
 
-    def purge(self, queue: str, before: int, limit: int = 1000) -> list[PurgedMessage]:
-        """Delete journalled messages last changed before ``before``; keep the journal."""
-        if limit <= 0:
+    def purge(
+        self,
+        queue: str,
+        before: int,
+        limit: int = 1000,
+        ids: Sequence[str] | None = None,
+    ) -> list[PurgedMessage]:
+        """Delete journalled messages last changed before ``before`` (only ``ids``, if
+        given: each is looked up in the queue's JOURNALLED index, nothing is scanned);
+        keep the journal."""
+        if limit <= 0 or (ids is not None and not ids):
             return []
+        listed = list(dict.fromkeys(ids)) if ids is not None else []
         request = new_token()
         done_key = f"{self.keyspace}done:{request}"
         tried = False
@@ -189,7 +199,7 @@ class RedisStore(RedisCommits, RedisReads):
             tried = True
             return self._purge(
                 keys=[f"{self.keyspace}p:{queue}/{_JOURNALLED.value}"],
-                args=[self.keyspace, str(before), str(limit), request],
+                args=[self.keyspace, str(before), str(limit), request, *listed],
             )
 
         rows = self._call(attempt)

@@ -44,6 +44,8 @@ the row conversions (:mod:`iqbridge.stores.sql_rows`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sqlalchemy as sa
 
 from iqbridge.errors import ConcurrentUpdate
@@ -74,27 +76,52 @@ class SqlStore(SqlCommits, SqlReads, AvailableQueries):
 
     # --- purge, queues, subscriptions ------------------------------------------------------
 
-    def purge(self, queue: str, before: int, limit: int = 1000) -> list[PurgedMessage]:
-        """Delete journalled messages last changed before ``before``; keep the journal."""
+    def purge(
+        self,
+        queue: str,
+        before: int,
+        limit: int = 1000,
+        ids: Sequence[str] | None = None,
+    ) -> list[PurgedMessage]:
+        """Delete journalled messages last changed before ``before`` (only ``ids``, if
+        given); keep the journal.
+
+        The candidates' rows are locked (``SELECT ... FOR UPDATE``, in msg_id order, as
+        the batch commits lock theirs) and checked again before they are deleted, so a
+        message a concurrent commit moved out of JOURNALLED (a re-reveal) is kept.
+        """
+        if limit <= 0 or (ids is not None and not ids):
+            return []
         msg, mem, pl = self.tables.messages, self.tables.members, self.tables.payloads
-        stmt = (
-            sa.select(msg.c.seq, msg.c.msg_id, msg.c.native_ref)
-            .where(
-                msg.c.queue == queue,
-                msg.c.publisher_state == _JOURNALLED,
-                msg.c.updated_at < before,
-            )
-            .order_by(msg.c.seq)
-            .limit(limit)
+        purgeable = (
+            msg.c.queue == queue,
+            msg.c.publisher_state == _JOURNALLED,
+            msg.c.updated_at < before,
         )
         try:
             with self._writing(savepoint=True) as conn:
-                rows = conn.execute(stmt).all()
+                if ids is None:
+                    oldest = (
+                        sa.select(msg.c.msg_id).where(*purgeable).order_by(msg.c.seq).limit(limit)
+                    )
+                    candidates = sorted(r[0] for r in conn.execute(oldest))
+                else:
+                    candidates = sorted(set(ids))
+                rows: list[tuple[int, str, str | None]] = []
+                for i in range(0, len(candidates), _CHUNK):
+                    locked = (
+                        sa.select(msg.c.seq, msg.c.msg_id, msg.c.native_ref)
+                        .where(msg.c.msg_id.in_(candidates[i : i + _CHUNK]), *purgeable)
+                        .order_by(msg.c.msg_id)
+                        .with_for_update()
+                    )
+                    rows.extend((seq, mid, ref) for seq, mid, ref in conn.execute(locked))
+                rows = sorted(rows, key=lambda r: r[0])[:limit]
                 for i in range(0, len(rows), _CHUNK):
-                    ids = [r[1] for r in rows[i : i + _CHUNK]]
-                    conn.execute(mem.delete().where(mem.c.msg_id.in_(ids)))
-                    conn.execute(pl.delete().where(pl.c.msg_id.in_(ids)))
-                    conn.execute(msg.delete().where(msg.c.msg_id.in_(ids)))
+                    gone = [r[1] for r in rows[i : i + _CHUNK]]
+                    conn.execute(mem.delete().where(mem.c.msg_id.in_(gone)))
+                    conn.execute(pl.delete().where(pl.c.msg_id.in_(gone)))
+                    conn.execute(msg.delete().where(msg.c.msg_id.in_(gone)))
         except sa.exc.SQLAlchemyError as exc:
             raise self._unavailable(exc) from None
         return [PurgedMessage(r[1], r[2]) for r in rows]

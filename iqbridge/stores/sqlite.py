@@ -292,14 +292,36 @@ class SqliteStore(SqliteCommits, AvailableQueries):
             row_seq = rows[-1][0] + 1
         return out[:limit]
 
-    def purge(self, queue: str, before: int, limit: int = 1000) -> list[PurgedMessage]:
-        """Delete journalled messages last changed before ``before``; keep the journal."""
+    def purge(
+        self,
+        queue: str,
+        before: int,
+        limit: int = 1000,
+        ids: Sequence[str] | None = None,
+    ) -> list[PurgedMessage]:
+        """Delete journalled messages last changed before ``before`` (only ``ids``, if
+        given); keep the journal."""
+        if limit <= 0 or (ids is not None and not ids):
+            return []
+        where = "queue=? AND publisher_state='JOURNALLED' AND updated_at < ?"
         with self.db.transaction() as conn:
-            rows = conn.execute(
-                "SELECT seq, msg_id, native_ref FROM iq_messages WHERE queue=?"
-                " AND publisher_state='JOURNALLED' AND updated_at < ? ORDER BY seq LIMIT ?",
-                (queue, before, limit),
-            ).fetchall()
+            if ids is None:
+                rows = conn.execute(
+                    f"SELECT seq, msg_id, native_ref FROM iq_messages WHERE {where}"
+                    " ORDER BY seq LIMIT ?",
+                    (queue, before, limit),
+                ).fetchall()
+            else:
+                unique = list(dict.fromkeys(ids))
+                rows = []
+                for i in range(0, len(unique), _CHUNK):
+                    part = unique[i : i + _CHUNK]
+                    rows += conn.execute(
+                        f"SELECT seq, msg_id, native_ref FROM iq_messages WHERE {where}"
+                        f" AND msg_id IN ({','.join('?' * len(part))})",
+                        (queue, before, *part),
+                    ).fetchall()
+                rows = sorted(rows)[:limit]
             conn.executemany("DELETE FROM iq_messages WHERE seq=?", [(r[0],) for r in rows])
             conn.executemany("DELETE FROM iq_payloads WHERE msg_id=?", [(r[1],) for r in rows])
         return [PurgedMessage(r[1], r[2]) for r in rows]

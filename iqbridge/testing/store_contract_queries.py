@@ -285,6 +285,87 @@ class QueryTests(StoreContractBase):
         assert [p.msg_id for p in first] == ids[:2]
         assert [p.msg_id for p in store.purge(queue, T0 + SEC, limit=2)] == ids[2:]
 
+    # --- purge of listed messages (a purge plan) ----------------------------------------
+
+    def journalled(self, store: IndexStore, queue: str, at: int = T0, **fields: Any) -> str:
+        """A message put and then withdrawn at ``at`` (publisher JOURNALLED); its id."""
+        msg_id = self.put(store, queue, **fields).msg_id
+        self.move(store, msg_id, lambda r: engine.withdraw(r, at))
+        return msg_id
+
+    def test_purge_of_listed_ids_removes_only_those(self, store: IndexStore, queue: str) -> None:
+        first = self.journalled(store, queue, native_ref="ref-1")
+        unlisted = self.journalled(store, queue)
+        third = self.journalled(store, queue, native_ref="ref-3")
+        journal_before = store.journal(0, 100_000)
+        # Listed out of put order: they come back in put order.
+        gone = store.purge(queue, T0 + SEC, ids=[third, first])
+        assert gone == [PurgedMessage(first, "ref-1"), PurgedMessage(third, "ref-3")]
+        for msg_id in (first, third):
+            with pytest.raises(MessageNotFound):
+                store.load(msg_id)
+            assert store.search(queue, Filter(msg_id=msg_id)) == []
+        assert store.load(unlisted).publisher_state is P.JOURNALLED
+        assert store.journal(0, 100_000) == journal_before
+        assert any(e.msg_id == first for e in journal_before)
+        assert store.purge(queue, T0 + SEC, ids=[third, first]) == []
+
+    def test_purge_of_listed_ids_keeps_those_not_journalled_or_too_recent(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        open_ = self.put(store, queue).msg_id
+        recent = self.journalled(store, queue, at=T0 + 10 * SEC)
+        rerevealed = self.put(store, queue).msg_id
+        token = new_token()
+        self.move(
+            store,
+            rerevealed,
+            lambda r: engine.claim(r, "a", T0, token=token, owner="o", lease_until=None),
+        )
+        self.move(store, rerevealed, lambda r: engine.unusable(r, "a", token, T0, "poison"))
+        assert store.load(rerevealed).publisher_state is P.JOURNALLED
+        self.move(store, rerevealed, lambda r: engine.rereveal(r, "a", T0 + SEC))
+        listed = [open_, recent, rerevealed]
+        assert store.purge(queue, T0 + 10 * SEC, ids=listed) == []
+        for msg_id in listed:
+            store.load(msg_id)
+        # Last changed exactly at ``before`` is not before it; a microsecond later it is.
+        assert [p.msg_id for p in store.purge(queue, T0 + 10 * SEC + 1, ids=listed)] == [recent]
+        assert store.load(rerevealed).members["a"].state is S.AVAILABLE
+
+    def test_purge_of_listed_ids_ignores_unknown_ids_and_other_queues(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        other = unique()
+        store.declare_queue(other)
+        elsewhere = self.journalled(store, other)
+        mine = self.journalled(store, queue)
+        listed = ["no-such-message", elsewhere, mine, mine]
+        assert store.purge(queue, T0 + SEC, ids=[]) == []
+        store.load(mine)
+        assert [p.msg_id for p in store.purge(queue, T0 + SEC, ids=listed)] == [mine]
+        assert store.load(elsewhere).queue == other
+        assert store.purge(unique(), T0 + SEC, ids=[elsewhere]) == []
+        assert [p.msg_id for p in store.purge(other, T0 + SEC)] == [elsewhere]
+
+    def test_purge_of_listed_ids_stops_at_the_limit_in_put_order(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        ids = [self.journalled(store, queue) for _ in range(3)]
+        first = store.purge(queue, T0 + SEC, limit=2, ids=ids[::-1])
+        assert [p.msg_id for p in first] == ids[:2]
+        assert [p.msg_id for p in store.purge(queue, T0 + SEC, limit=2, ids=ids)] == ids[2:]
+
+    def test_purge_of_many_listed_ids_spans_the_store_chunks(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        kept = self.journalled(store, queue)
+        ids = [self.journalled(store, queue) for _ in range(3)]
+        # More ids than one IN (...) list or one script call takes at a time.
+        listed = [f"unknown-{n}" for n in range(1200)] + ids
+        assert [p.msg_id for p in store.purge(queue, T0 + SEC, ids=listed)] == ids
+        store.load(kept)
+
     # --- queues and subscriptions --------------------------------------------------------
 
     def test_declare_queue_is_idempotent(self, store: IndexStore) -> None:
