@@ -15,8 +15,10 @@ import typer
 from typer.core import TyperGroup
 
 from iqbridge.cli import admin, demo, looking, messages, relay, run_worker
+from iqbridge.cli.analytics import analytics_app
 from iqbridge.cli.bridge import bridge_app, lineage
 from iqbridge.cli.context import CommandError, Settings, settings
+from iqbridge.cli.journal import journal_app
 from iqbridge.errors import IQError
 from iqbridge.hub import DEFAULT_URL
 
@@ -158,6 +160,8 @@ app.command("recover", rich_help_panel=_ADMIN)(admin.recover)
 app.command("worker", rich_help_panel=_ADMIN)(run_worker.worker)
 app.command("relay", rich_help_panel=_ADMIN)(relay.relay)
 app.add_typer(bridge_app, name="bridge", rich_help_panel=_ADMIN)
+app.add_typer(journal_app, name="journal", rich_help_panel=_ADMIN)
+app.add_typer(analytics_app, name="analytics", rich_help_panel=_ADMIN)
 app.command("lineage", rich_help_panel=_LOOKING)(lineage)
 
 
