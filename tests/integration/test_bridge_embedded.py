@@ -94,7 +94,8 @@ def test_four_workers_keep_each_key_in_order_and_record_parents(tmp_path: Path, 
     ids = _put(src, 700)
     with Bridge(parse_config(_config(tmp_path))) as bridge:
         got = _drain(dst, 700)
-        assert bridge.stats()[0].bridged == 700
+        # The children land before their sources settle: the counter follows the settle.
+        _wait(lambda: bridge.stats()[0].bridged == 700)
     last: dict[str, int] = {}
     for d in got:
         k, i = d.payload["k"], d.payload["i"]
@@ -134,6 +135,7 @@ def test_a_poison_message_holds_back_only_its_key_and_goes_unusable(
         keys_early = {d.payload["k"] for d in early}
         assert "k0" not in keys_early and len(early) == 60  # every other key went on
         late = _drain(dst, 9)
+        _wait(lambda: bridge.stats()[0].unusable == 1)  # counted once its source settles
         stats = bridge.stats()[0]
     assert [d.payload["i"] for d in late] == list(range(7, 70, 7))  # k0's rest, in order
     assert stats.unusable == 1 and stats.retried == 3
@@ -279,6 +281,7 @@ def test_a_poison_route_holds_back_no_other_route(tmp_path: Path, hubs: Any) -> 
     src.queue("other").put_each([Outgoing({"i": i, "k": "x"}) for i in range(30)])
     with Bridge(parse_config(cfg)) as bridge:
         got = _drain(dst, 30)
+        _wait(lambda: bridge.stats()[1].bridged == 30)  # counted once the sources settle
         by = {s.name: s for s in bridge.stats()}
     assert sorted(d.payload["i"] for d in got) == list(range(30))
     assert by["good"].bridged == 30 and by["r"].bridged == 0 and by["r"].retried >= 7
