@@ -16,6 +16,7 @@ blocking ``get(timeout=...)`` never stalls the loop::
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -23,6 +24,7 @@ from typing import Any
 
 from iqbridge.batch import Batch, Settled
 from iqbridge.delivery import Delivery
+from iqbridge.housekeeping import RecoveryAction
 from iqbridge.hub import DEFAULT_URL, Hub
 from iqbridge.hub import connect as _connect
 from iqbridge.model import Envelope, Filter, MessageState, MessageSummary
@@ -148,6 +150,21 @@ class AsyncQueue:
     async def purge_listed(self, ids: Sequence[str], before: datetime | int) -> int:
         """See :meth:`Queue.purge_listed`."""
         return await asyncio.to_thread(self.sync.purge_listed, ids, before)
+
+    async def apply_recovery(
+        self,
+        msg_id: str,
+        action: RecoveryAction,
+        *,
+        subscriber: str | None = None,
+        detail: str,
+    ) -> bool:
+        """See :meth:`Queue.apply_recovery`."""
+        return await asyncio.to_thread(
+            functools.partial(
+                self.sync.apply_recovery, msg_id, action, subscriber=subscriber, detail=detail
+            )
+        )
 
 
 class AsyncDelivery:

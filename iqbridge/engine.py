@@ -41,6 +41,7 @@ __all__ = [
     "release",
     "renew",
     "rereveal",
+    "resolve",
     "reveal",
     "unlock",
     "unusable",
@@ -264,16 +265,16 @@ def new_message(
     return change
 
 
-def _reveal_all(step: _Step) -> None:
-    step.pub(PubEvent.REVEAL)
+def _reveal_all(step: _Step, detail: str | None = None) -> None:
+    step.pub(PubEvent.REVEAL, detail)
     for member in step.rec.members.values():
-        step.sub(member, SubEvent.REVEAL)
+        step.sub(member, SubEvent.REVEAL, detail)
 
 
-def reveal(rec: MessageRecord, now: int) -> Change:
+def reveal(rec: MessageRecord, now: int, detail: str | None = None) -> Change:
     """Confirm a put: PUT -> REVEALED, every member AVAILABLE."""
     step = _Step(rec, now)
-    _reveal_all(step)
+    _reveal_all(step, detail)
     return step.finish()
 
 
@@ -462,6 +463,35 @@ def _release(step: _Step, member: Member, reason: str, delay_us: int) -> None:
             ):
                 step.sub(other, SubEvent.REOPEN, f"pool reopened: {reason}", next_attempt=True)
                 other.reason = None
+
+
+def resolve(
+    rec: MessageRecord,
+    subscriber: str,
+    now: int,
+    *,
+    done: bool,
+    detail: str,
+    auto_journal: bool = True,
+) -> Change | None:
+    """Settle a member in doubt for a holder known to be gone (cross-queue recovery):
+    DONE (a child of the message was revealed: it was processed), or back to AVAILABLE
+    with attempt + 1 (clean again). A member in GET is marked DONE through FETCHED: its
+    child proves the payload was read. None when the member is no longer in doubt (an
+    earlier, interrupted run resolved it), so running a plan again applies nothing twice.
+    """
+    if _member(rec, subscriber).state not in IN_DOUBT:
+        return None
+    step = _Step(rec, now)
+    member = step.rec.members[subscriber]
+    if not done:
+        _release(step, member, detail, 0)
+        return step.finish()
+    if member.state is S.GET:
+        step.sub(member, SubEvent.FETCH, detail)
+    step.sub(member, SubEvent.DONE, detail)
+    _journal_after(step, member, auto_journal)
+    return step.finish()
 
 
 def renew(

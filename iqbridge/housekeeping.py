@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Literal
 
 from iqbridge import engine
 from iqbridge.adapter import TakesOver
 from iqbridge.errors import InvalidArgument, MessageNotFound
-from iqbridge.model import to_micros
+from iqbridge.model import MessageRecord, to_micros
 from iqbridge.queue_core import QueueCore, to_seconds
+from iqbridge.states import PublisherState
 from iqbridge.stores.base import PurgedMessage
 
-__all__ = ["Housekeeping"]
+__all__ = ["Housekeeping", "RecoveryAction"]
+
+#: The moves of seed 000's cross-queue recovery: a child's put revealed or withdrawn, a
+#: parent's member in doubt marked DONE or made available again.
+RecoveryAction = Literal["reveal", "withdraw", "done", "release"]
 
 log = logging.getLogger("iqbridge")
 
@@ -99,6 +106,56 @@ class Housekeeping(QueueCore):
         if out:
             self.hub.notify()
         return out
+
+    def apply_recovery(
+        self,
+        msg_id: str,
+        action: RecoveryAction,
+        *,
+        subscriber: str | None = None,
+        detail: str,
+    ) -> bool:
+        """Apply one row of a cross-queue recovery plan (:mod:`iqbridge.recovery.crossqueue`)
+        through the state engine, journalled with ``detail`` (which names the recovery).
+
+        ``reveal`` and ``withdraw`` move a put still awaiting confirmation (PUT);
+        ``done`` and ``release`` settle ``subscriber``'s member in doubt for a holder known
+        to be gone. Returns False when there is nothing left to do (an earlier run got
+        there), so an interrupted recovery run again applies nothing twice.
+        """
+        if action in ("done", "release") and subscriber is None:
+            raise InvalidArgument(f"recovery action {action!r} needs the subscriber it settles")
+
+        def op(rec: MessageRecord) -> engine.Change | None:
+            now = self._now()
+            if action in ("reveal", "withdraw"):
+                if rec.publisher_state is not PublisherState.PUT:
+                    return None
+                if action == "reveal":
+                    return engine.reveal(rec, now, detail)
+                return engine.withdraw(rec, now, detail)
+            assert subscriber is not None
+            return engine.resolve(
+                rec,
+                subscriber,
+                now,
+                done=action == "done",
+                detail=detail,
+                auto_journal=self.auto_journal,
+            )
+
+        change = self._apply(msg_id, op)
+        if change is None:
+            return False
+        rec = change.record
+        if action == "done" and self._native and rec.native_ref:
+            assert subscriber is not None
+            group = self._group_of(rec, subscriber)
+            ack = functools.partial(self._adapter.ack, self.name, group, [rec.native_ref])
+            self._broker_call(ack)
+        self._wake(rec)
+        self.hub.notify()
+        return True
 
     def purge(self, older_than: float | timedelta) -> int:
         """Delete messages JOURNALLED longer than ``older_than`` (seconds or timedelta),

@@ -65,8 +65,56 @@ def queues(ctx: typer.Context) -> None:
 def recover(
     ctx: typer.Context,
     queue: Annotated[str | None, typer.Argument(help="One queue (default: all).")] = None,
-) -> None:
-    """Apply lapsed leases, time limits and locks now (in-doubt messages back to AVAILABLE)."""
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            metavar="URL:QUEUE",
+            help="Cross-queue recovery: the inbound queue (the parents).",
+        ),
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--to",
+            metavar="URL:QUEUE",
+            help="Cross-queue recovery: the outbound queue (the children).",
+        ),
+    ] = None,
+    source_index: Annotated[
+        str | None, typer.Option("--from-index", help="Index store of --from, if not its own.")
+    ] = None,
+    target_index: Annotated[
+        str | None, typer.Option("--to-index", help="Index store of --to, if not its own.")
+    ] = None,
+    via: Annotated[
+        str | None,
+        typer.Option("--via", help="The module's subscriber (or pool) name in the --from queue."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan and change nothing.")
+    ] = False,
+) -> int:
+    """Apply lapsed leases, time limits and locks now (in-doubt messages back to AVAILABLE).
+
+    With --from/--to: seed 000's cross-queue recovery between an inbound and an outbound
+    queue on any two stores. The plan is printed before anything changes; exits 3 when
+    children were left undecided."""
+    if source is not None or target is not None:
+        if queue is not None:
+            raise typer.BadParameter("give QUEUE, or --from/--to, not both")
+        from iqbridge.cli.recovering import run_cross_queue
+
+        return run_cross_queue(
+            settings(ctx),
+            source=source,
+            target=target,
+            source_index=source_index,
+            target_index=target_index,
+            via=via,
+            dry_run=dry_run,
+        )
     with open_hub(ctx, create=False) as hub:
         count = open_queue(hub, queue).recover() if queue else hub.recover()
     settings(ctx).out.print(f"recovered {count} message(s)")
+    return 0
