@@ -27,7 +27,7 @@ from iqbridge.delivery import Delivery
 from iqbridge.housekeeping import RecoveryAction
 from iqbridge.hub import DEFAULT_URL, Hub
 from iqbridge.hub import connect as _connect
-from iqbridge.model import Envelope, Filter, MessageState, MessageSummary
+from iqbridge.model import Envelope, Filter, MessageState, MessageSummary, QueueCounts
 from iqbridge.queue import Browse, Queue
 from iqbridge.states import SubscriberState
 from iqbridge.stores.base import IndexStore
@@ -107,9 +107,11 @@ class AsyncQueue:
         """See :meth:`Queue.confirm_get`."""
         await asyncio.to_thread(self.sync.confirm_get, confirm_id)
 
-    async def reveal(self, msg_id: str, to: str | None = None) -> None:
+    async def reveal(
+        self, msg_id: str, to: str | None = None, *, detail: str | None = None
+    ) -> None:
         """See :meth:`Queue.reveal`."""
-        await asyncio.to_thread(self.sync.reveal, msg_id, to)
+        await asyncio.to_thread(functools.partial(self.sync.reveal, msg_id, to, detail=detail))
 
     async def withdraw(self, msg_id: str, reason: str = "withdrawn by publisher") -> None:
         """See :meth:`Queue.withdraw`."""
@@ -126,6 +128,10 @@ class AsyncQueue:
     async def search(self, flt: Filter | None = None, **criteria: Any) -> list[MessageSummary]:
         """See :meth:`Queue.search`."""
         return await asyncio.to_thread(self.sync.search, flt, **criteria)
+
+    async def counts(self) -> QueueCounts:
+        """See :meth:`Queue.counts`."""
+        return await asyncio.to_thread(self.sync.counts)
 
     async def browse(self, flt: Filter | None = None, **options: Any) -> Browse:
         """See :meth:`Queue.browse`."""

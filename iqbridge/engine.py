@@ -292,7 +292,9 @@ def withdraw(rec: MessageRecord, now: int, reason: str = "withdrawn") -> Change:
     return step.finish()
 
 
-def rereveal(rec: MessageRecord, subscriber: str, now: int) -> Change:
+def rereveal(
+    rec: MessageRecord, subscriber: str, now: int, detail: str = "re-revealed by publisher"
+) -> Change:
     """Make a message available again to one subscriber that found it UNUSABLE."""
     if rec.withdrawn:
         raise IllegalTransition(
@@ -305,7 +307,7 @@ def rereveal(rec: MessageRecord, subscriber: str, now: int) -> Change:
         )
     step = _Step(rec, now)
     member = _member(step.rec, subscriber)
-    step.sub(member, SubEvent.REREVEAL, "re-revealed by publisher", next_attempt=True)
+    step.sub(member, SubEvent.REREVEAL, detail, next_attempt=True)
     member.not_before = None
     return step.finish()
 

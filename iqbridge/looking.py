@@ -16,11 +16,17 @@ from iqbridge.model import (
     MessageRecord,
     MessageState,
     MessageSummary,
+    QueueCounts,
     SubscriberView,
     from_micros,
+    tally,
 )
 from iqbridge.queue_core import QueueCore, to_seconds
 from iqbridge.states import ActorKind, PublisherState, SubscriberState
+from iqbridge.stores.base import Counting
+
+#: A search limit that means "every match" (stores without a counting query).
+_ALL = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +100,14 @@ class Looking(QueueCore):
         elif criteria:
             raise InvalidArgument("pass a Filter or keyword criteria, not both")
         return self._store.search(self.name, flt)
+
+    def counts(self) -> QueueCounts:
+        """How many messages are in each publisher and subscriber state, and each
+        subscriber's oldest message still to process, from the index (no payloads)."""
+        store = self._store
+        if isinstance(store, Counting):
+            return store.counts(self.name)
+        return tally(self.name, store.search(self.name, Filter(limit=_ALL)))
 
     def peek(self, msg_id: str) -> Envelope:
         """The stored payload and envelope of a message, without changing any state."""

@@ -30,11 +30,14 @@ __all__ = [
     "MessageState",
     "MessageSummary",
     "Pool",
+    "QueueCounts",
     "Received",
     "Retained",
     "SubscriberView",
     "Subscriptions",
+    "UNDONE",
     "from_micros",
+    "tally",
     "to_micros",
 ]
 
@@ -435,3 +438,52 @@ class MessageSummary:
     created_at: datetime
     subscribers: Mapping[str, SubscriberState | None]
     parents: Sequence[str] = ()
+
+
+#: Subscriber states of a member that still has the message to process.
+UNDONE = frozenset(
+    {
+        SubscriberState.AVAILABLE,
+        SubscriberState.GET,
+        SubscriberState.FETCHED,
+        SubscriberState.IN_PROCESS,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """How many messages of a queue are in each state, answered from the index.
+
+    ``publisher`` counts messages per publisher state; ``subscribers`` counts, for each
+    subscriber (a pool's members by their own names), its members per state (states
+    with none are left out; a member not revealed yet has no state and is not counted);
+    ``oldest_undone`` is, per subscriber, the put time of its oldest message still to
+    process (AVAILABLE, GET, FETCHED or IN_PROCESS); subscribers with none are absent.
+    """
+
+    queue: str
+    messages: int
+    publisher: Mapping[PublisherState, int]
+    subscribers: Mapping[str, Mapping[SubscriberState, int]]
+    oldest_undone: Mapping[str, datetime]
+
+
+def tally(queue: str, summaries: Iterable[MessageSummary]) -> QueueCounts:
+    """:class:`QueueCounts` from search results (a store without a counting query)."""
+    messages = 0
+    pub: dict[PublisherState, int] = {}
+    subs: dict[str, dict[SubscriberState, int]] = {}
+    oldest: dict[str, datetime] = {}
+    for s in summaries:
+        messages += 1
+        if s.publisher_state is not None:
+            pub[s.publisher_state] = pub.get(s.publisher_state, 0) + 1
+        for name, state in s.subscribers.items():
+            if state is None:
+                continue
+            per = subs.setdefault(name, {})
+            per[state] = per.get(state, 0) + 1
+            if state in UNDONE and (name not in oldest or s.created_at < oldest[name]):
+                oldest[name] = s.created_at
+    return QueueCounts(queue, messages, pub, subs, oldest)

@@ -486,9 +486,10 @@ class Putting(Subscribing):
             self._wake(change.record)
         self.hub.notify()
 
-    def reveal(self, msg_id: str, to: str | None = None) -> None:
+    def reveal(self, msg_id: str, to: str | None = None, *, detail: str | None = None) -> None:
         """Confirm a pending put, or with ``to`` re-reveal the message to one subscriber
-        that found it UNUSABLE (AVAILABLE again, attempt + 1)."""
+        that found it UNUSABLE (AVAILABLE again, attempt + 1). ``detail`` is journalled
+        with the re-reveal (who asked, and why); by default "re-revealed by publisher"."""
         if to is None:
             self.confirm_put(msg_id)
             return
@@ -498,7 +499,8 @@ class Putting(Subscribing):
             rec = self._store.load(msg_id)
             if rec.queue == self.name and not self._envelopes([rec]):
                 raise PayloadNotRetained(msg_id, self.name, self._adapter.url, "re-reveal")
-        self._apply(msg_id, lambda r: engine.rereveal(r, to, self._now()))
+        why = detail or "re-revealed by publisher"
+        self._apply(msg_id, lambda r: engine.rereveal(r, to, self._now(), why))
         self.hub.notify()
 
     def withdraw(self, msg_id: str, reason: str = "withdrawn by publisher") -> None:

@@ -26,11 +26,12 @@ from iqbridge.model import (
     JournalEntry,
     MessageRecord,
     MessageSummary,
+    QueueCounts,
     Retained,
     Subscriptions,
 )
 
-__all__ = ["AvailableQueries", "IndexStore", "PurgedMessage", "StaleRecord"]
+__all__ = ["AvailableQueries", "Counting", "IndexStore", "PurgedMessage", "StaleRecord"]
 
 
 class StaleRecord(Exception):
@@ -204,4 +205,15 @@ class IndexStore(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+        ...
+
+
+@runtime_checkable
+class Counting(Protocol):
+    """A store that counts a queue's states with one query of its own, instead of the
+    facade tallying every search result (:meth:`iqbridge.queue.Queue.counts`)."""
+
+    def counts(self, queue: str) -> QueueCounts:
+        """Messages per publisher state, members per subscriber and state, and each
+        subscriber's oldest message still to process."""
         ...

@@ -7,18 +7,20 @@ every store encodes, matches and reports the same way. Nothing here reads a payl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
 
 from iqbridge.model import (
+    UNDONE,
     Filter,
     JournalEntry,
     Member,
     MessageRecord,
     MessageSummary,
     Pool,
+    QueueCounts,
     Subscriptions,
     from_micros,
     to_micros,
@@ -27,6 +29,7 @@ from iqbridge.states import ActorKind, Mode, PublisherState, SubscriberState
 
 __all__ = [
     "JOURNAL_PER_ROW",
+    "counted",
     "encode",
     "entries_from_json",
     "entries_to_json",
@@ -267,3 +270,26 @@ def summary(rec: MessageRecord) -> MessageSummary:
         subscribers={k: m.state for k, m in rec.members.items()},
         parents=rec.parents,
     )
+
+
+def counted(
+    queue: str,
+    publisher_rows: Iterable[Sequence[Any]],
+    member_rows: Iterable[Sequence[Any]],
+) -> QueueCounts:
+    """:class:`~iqbridge.model.QueueCounts` from a store's grouped rows:
+    ``(publisher_state, count)`` and ``(subscriber, state, count, min created_at µs)``."""
+    pub: dict[PublisherState, int] = {}
+    messages = 0
+    for state, n in publisher_rows:
+        messages += int(n)
+        if state is not None:
+            pub[PublisherState(state)] = int(n)
+    subs: dict[str, dict[SubscriberState, int]] = {}
+    oldest: dict[str, int] = {}
+    for name, state, n, first in member_rows:
+        st = SubscriberState(state)
+        subs.setdefault(name, {})[st] = int(n)
+        if st in UNDONE and first is not None:
+            oldest[name] = min(int(first), oldest.get(name, int(first)))
+    return QueueCounts(queue, messages, pub, subs, {k: from_micros(v) for k, v in oldest.items()})

@@ -17,11 +17,12 @@ from iqbridge.model import (
     JournalEntry,
     MessageRecord,
     MessageSummary,
+    QueueCounts,
     Retained,
     to_micros,
 )
 from iqbridge.states import PublisherState, SubscriberState
-from iqbridge.stores.codec import summary
+from iqbridge.stores.codec import counted, summary
 from iqbridge.stores.sql_base import SqlStoreBase
 from iqbridge.stores.sql_rows import _CHUNK, _KIND, _MEMBER_COLS, _MSG_COLS, _record
 
@@ -200,3 +201,25 @@ class SqlReads(SqlStoreBase):
         except sa.exc.SQLAlchemyError as exc:
             raise self._unavailable(exc) from None
         return [summary(_record([(*h, *m) for m in found.get(h[1], ())], head=h)) for h in heads]
+
+    def counts(self, queue: str) -> QueueCounts:
+        """States counted by two grouped queries (no row is read back)."""
+        msg, mem = self.tables.messages, self.tables.members
+        by_pub = (
+            sa.select(msg.c.publisher_state, sa.func.count())
+            .where(msg.c.queue == queue)
+            .group_by(msg.c.publisher_state)
+        )
+        by_member = (
+            sa.select(mem.c.subscriber, mem.c.state, sa.func.count(), sa.func.min(msg.c.created_at))
+            .select_from(mem.join(msg, mem.c.msg_id == msg.c.msg_id))
+            .where(mem.c.queue == queue, mem.c.state.is_not(None))
+            .group_by(mem.c.subscriber, mem.c.state)
+        )
+        try:
+            with self._reading() as conn:
+                pubs = conn.execute(by_pub).all()
+                members = conn.execute(by_member).all()
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._unavailable(exc) from None
+        return counted(queue, pubs, members)

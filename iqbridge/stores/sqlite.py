@@ -50,6 +50,7 @@ from iqbridge.model import (
     JournalEntry,
     MessageRecord,
     MessageSummary,
+    QueueCounts,
     Retained,
     Subscriptions,
     to_micros,
@@ -57,6 +58,7 @@ from iqbridge.model import (
 from iqbridge.states import Mode, PublisherState, SubscriberState
 from iqbridge.stores.base import AvailableQueries, PurgedMessage
 from iqbridge.stores.codec import JOURNAL_PER_ROW as _PER_ROW
+from iqbridge.stores.codec import counted as _counted
 from iqbridge.stores.codec import (
     entries_from_json,
     subscriptions_from_json,
@@ -225,6 +227,23 @@ class SqliteStore(SqliteCommits, AvailableQueries):
             for r in rows:
                 out.extend(_unpack(r))
         return out
+
+    def counts(self, queue: str) -> QueueCounts:
+        """States counted by two grouped queries; members through ``json_each``."""
+        conn = self.db.conn
+        pubs = conn.execute(
+            "SELECT publisher_state, COUNT(*) FROM iq_messages WHERE queue=? "
+            "GROUP BY publisher_state",
+            (queue,),
+        ).fetchall()
+        # Members are a JSON array of [subscriber, pool, state, ...] rows.
+        members = conn.execute(
+            "SELECT json_extract(j.value, '$[0]') AS sub, json_extract(j.value, '$[2]') AS st,"
+            " COUNT(*), MIN(m.created_at) FROM iq_messages m, json_each(m.members) j"
+            " WHERE m.queue=? AND st IS NOT NULL GROUP BY sub, st",
+            (queue,),
+        ).fetchall()
+        return _counted(queue, pubs, members)
 
     def search(self, queue: str, flt: Filter) -> list[MessageSummary]:
         """Filter on index fields only; never touches payloads."""

@@ -10,9 +10,17 @@ import pytest
 from iqbridge import engine
 from iqbridge.errors import MessageNotFound
 from iqbridge.ids import new_token
-from iqbridge.model import Filter, JournalEntry, Pool, Subscriptions, from_micros
+from iqbridge.model import (
+    Filter,
+    JournalEntry,
+    Pool,
+    QueueCounts,
+    Subscriptions,
+    from_micros,
+    tally,
+)
 from iqbridge.states import Mode, PublisherState, SubscriberState
-from iqbridge.stores.base import IndexStore, PurgedMessage
+from iqbridge.stores.base import Counting, IndexStore, PurgedMessage
 from iqbridge.testing.store_contract_base import SEC, T0, StoreContractBase, unique, without_seq
 
 P = PublisherState
@@ -252,6 +260,36 @@ class QueryTests(StoreContractBase):
         assert hit.created_at == from_micros(T0 + 20 * SEC)
         assert dict(hit.subscribers) == {"a": S.AVAILABLE, "b": S.AVAILABLE}
         assert store.search(queue, Filter(msg_id="no-such-message")) == []
+
+    # --- counts --------------------------------------------------------------------------
+
+    def test_counts_per_state_and_the_oldest_undone(self, store: IndexStore, queue: str) -> None:
+        self.put(store, queue, to=("b",))  # T0: b AVAILABLE
+        fetched = self.put(store, queue, now=T0 + SEC).msg_id
+        self.claim(store, fetched, "a", now=T0 + SEC)
+        self.put(store, queue, to=("a", "b"), confirm=True, now=T0 + 2 * SEC)  # not revealed
+        done = self.put(store, queue, to=("a", "b"), now=T0 + 3 * SEC).msg_id
+        token = self.claim(store, done, "a", now=T0 + 3 * SEC).record.members["a"].lease_token
+        self.move(store, done, lambda r: engine.done(r, "a", token, T0 + 4 * SEC))
+        other = unique()
+        store.declare_queue(other)
+        self.put(store, other)
+        want = QueueCounts(
+            queue,
+            4,
+            {P.REVEALED: 3, P.PUT: 1},
+            {"a": {S.FETCHED: 1, S.JOURNALLED: 1}, "b": {S.AVAILABLE: 2}},
+            {"a": from_micros(T0 + SEC), "b": from_micros(T0)},
+        )
+        tallied = tally(queue, store.search(queue, Filter(limit=1000)))
+        assert tallied == want
+        if isinstance(store, Counting):
+            assert store.counts(queue) == want
+        empty = unique()
+        store.declare_queue(empty)
+        assert tally(empty, store.search(empty, Filter())) == QueueCounts(empty, 0, {}, {}, {})
+        if isinstance(store, Counting):
+            assert store.counts(empty) == QueueCounts(empty, 0, {}, {}, {})
 
     # --- purge ---------------------------------------------------------------------------
 
