@@ -57,7 +57,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -73,10 +73,12 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from iqbridge.adapter import Capabilities
 from iqbridge.errors import BrokerRefused, BrokerUnavailable, ConfigurationError, InvalidArgument
+from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope, Received
 from iqbridge.stores.sqlite import SqliteStore
 
 from .kafka_feed import Feed, FeedFailed  # noqa: TID251
+from .kafka_inventory import kafka_entries, kafka_unacked  # noqa: TID251
 from .kafka_wire import Header, encode, header_items, header_text, parse_ref, ref  # noqa: TID251
 from .probes import kafka_find_sent  # noqa: TID251
 
@@ -725,6 +727,18 @@ class KafkaAdapter:
             feed.close()
         if producer is not None:
             producer.flush(min(self.retry_for, 10.0))
+
+    def entries(self, queue: str) -> Iterator[Entry]:
+        """Every record the queue's topic holds (``Inventory``)."""
+        return kafka_entries(self, queue)
+
+    def unacked(self, queue: str, group: str) -> Unacked:
+        """Records at or past the group's committed offsets, as unread (``Inventory``)."""
+        return kafka_unacked(self, queue, group)
+
+    def redeliver(self, queue: str, group: str, ref: str) -> bool:
+        """False: one group reads one record again only by rewinding its partition."""
+        return False
 
     # --- tests, operations ---------------------------------------------------------
 

@@ -25,13 +25,14 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 from urllib.parse import parse_qsl, urlsplit
 
 from iqbridge.adapter import Capabilities
 from iqbridge.errors import ConfigurationError, UnknownQueueError
+from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope, Received
 from iqbridge.stores.memory import MemoryStore
 
@@ -297,6 +298,28 @@ class MemoryAdapter:
             g.pending.setdefault(int(ref), _Pending("", 0.0, 1))
             g.ready.append(int(ref))
             self.broker.cond.notify_all()
+
+    # --- Inventory (reconciliation) ------------------------------------------------------
+
+    def entries(self, queue: str) -> Iterator[Entry]:
+        """Every entry still stored for the queue, oldest first."""
+        with self.broker.cond:
+            found = [(i, e.msg_id) for i, e in enumerate(self._queue(queue).log) if e is not None]
+        for idx, msg_id in found:
+            yield Entry(str(idx), msg_id)
+
+    def unacked(self, queue: str, group: str) -> Unacked:
+        """The group's pending entries and those past its read cursor."""
+        with self.broker.cond:
+            q = self._queue(queue)
+            g = q.groups.get(group) or _Group()
+            unread = {str(i) for i in range(g.cursor, len(q.log)) if q.log[i] is not None}
+            return Unacked(frozenset(str(i) for i in g.pending), frozenset(unread))
+
+    def redeliver(self, queue: str, group: str, ref: str) -> bool:
+        """Make the group deliver an entry again, even if it acknowledged it."""
+        self.inject(queue, group, ref)
+        return True
 
     def close(self) -> None:
         """Nothing to release: the broker lives as long as the process."""

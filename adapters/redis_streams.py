@@ -42,7 +42,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -64,11 +64,13 @@ from iqbridge.adapter import Capabilities
 from iqbridge.engine import Change
 from iqbridge.errors import BrokerUnavailable, ConfigurationError, IQError
 from iqbridge.ids import adopted_id
+from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope, MessageRecord, Received
 from iqbridge.stores.codec import record_from_json
 from iqbridge.stores.redis import DirectScripts, RedisStore, transient
 
 from .probes import redis_find_sent, redis_take_over  # noqa: TID251
+from .redis_inventory import redis_entries, redis_unacked  # noqa: TID251
 
 __all__ = ["REQUEUE_CONSUMER", "RedisStreamsAdapter", "decode_fields", "encode_fields"]
 
@@ -652,13 +654,14 @@ class RedisStreamsAdapter:
         key = self.key(queue)
         self._call(lambda: self._r.xclaim(key, group, REQUEUE_CONSUMER, 0, [ref], justid=True))
 
-    def redeliver(self, queue: str, group: str, ref: str) -> None:
+    def redeliver(self, queue: str, group: str, ref: str) -> bool:
         """Make the group deliver an entry again even if it was acknowledged (``XCLAIM
         FORCE``): what a consumer crash before its ack looks like. For tests and repair."""
         key = self.key(queue)
         self._call(
             lambda: self._r.xclaim(key, group, REQUEUE_CONSUMER, 0, [ref], force=True, justid=True)
         )
+        return True
 
     def dead_letter(self, queue: str, group: str, ref: str, reason: str) -> None:
         """``XACK`` and ``XADD`` to ``<stream>:dead`` with the reason, in one ``MULTI``."""
@@ -729,6 +732,15 @@ class RedisStreamsAdapter:
             lambda: self._r.xpending_range(key, group, min="-", max="+", count=10_000)
         )
         return {_text(p["message_id"]): _text(p["consumer"]) for p in rows}
+
+    def entries(self, queue: str) -> Iterator[Entry]:
+        """Every entry of the queue's stream (``Inventory``)."""
+        return redis_entries(self._call, self._r, self.key(queue))
+
+    def unacked(self, queue: str, group: str) -> Unacked:
+        """The group's PEL and unread entries (``Inventory``), held acks sent first."""
+        self.flush()
+        return redis_unacked(self._call, self._r, self.key(queue), group)
 
     def close(self) -> None:
         """Send held acknowledgements, give entries read ahead back to their groups (they

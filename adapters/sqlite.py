@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from iqbridge.adapter import Capabilities
 from iqbridge.errors import ConfigurationError, IndexUnavailable
+from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope, Received
 from iqbridge.stores.sqlite import SqliteDatabase, SqliteStore
 
@@ -164,6 +165,27 @@ class SqliteAdapter:
         """Delete queue rows (purge)."""
         with self.db.transaction() as conn:
             conn.executemany("DELETE FROM iq_queue_rows WHERE ref=?", [(int(r),) for r in refs])
+
+    # --- Inventory (reconciliation) ------------------------------------------------------
+
+    def entries(self, queue: str) -> Iterator[Entry]:
+        """Every queue row of the queue, in put (rowid) order."""
+        try:
+            rows = self.db.conn.execute(
+                "SELECT ref, msg_id FROM iq_queue_rows WHERE queue=? ORDER BY ref", (queue,)
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise IndexUnavailable(f"SQLite queue {str(self.db.path)!r}: {exc}") from exc
+        for ref, msg_id in rows:
+            yield Entry(str(ref), msg_id)
+
+    def unacked(self, queue: str, group: str) -> Unacked | None:
+        """None: the embedded queue keeps no acknowledgement; the index is the only one."""
+        return None
+
+    def redeliver(self, queue: str, group: str, ref: str) -> bool:
+        """Nothing to do: AVAILABLE in the index makes a row deliverable."""
+        return True
 
     def close(self) -> None:
         """Close the file's connections."""

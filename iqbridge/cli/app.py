@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from iqbridge.cli import admin, demo, looking, messages, relay, run_worker
+from iqbridge.cli import admin, demo, looking, messages, reconcile, relay, run_worker
 from iqbridge.cli.analytics import analytics_app
 from iqbridge.cli.bridge import bridge_app, lineage
 from iqbridge.cli.context import CommandError, Settings, settings
@@ -159,6 +159,7 @@ app.command("queues", rich_help_panel=_ADMIN)(admin.queues)
 app.command("recover", rich_help_panel=_ADMIN)(admin.recover)
 app.command("worker", rich_help_panel=_ADMIN)(run_worker.worker)
 app.command("relay", rich_help_panel=_ADMIN)(relay.relay)
+app.command("reconcile", rich_help_panel=_ADMIN)(reconcile.reconcile)
 app.add_typer(bridge_app, name="bridge", rich_help_panel=_ADMIN)
 app.add_typer(journal_app, name="journal", rich_help_panel=_ADMIN)
 app.add_typer(analytics_app, name="analytics", rich_help_panel=_ADMIN)
