@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol, overload
 from iqbridge.delivery import Delivery
 from iqbridge.errors import InvalidArgument
 from iqbridge.moves import DONE, PROCESS, Move, after_failure
+from iqbridge.observability import tracing
 from iqbridge.settling import Settled
 from iqbridge.states import IN_DOUBT, SubscriberState
 
@@ -57,13 +58,14 @@ class Batch(Sequence[Delivery]):
     in one commit, and the exception propagates.
     """
 
-    __slots__ = ("_deliveries", "_outcomes", "_position", "_queue")
+    __slots__ = ("_deliveries", "_outcomes", "_position", "_queue", "_span")
 
     def __init__(self, queue: BatchMover, deliveries: Sequence[Delivery]) -> None:
         self._queue = queue
         self._deliveries = list(deliveries)
         self._position = {id(d): i for i, d in enumerate(self._deliveries)}
         self._outcomes: dict[int, Move] = {}
+        self._span: tracing.Open | None = None
 
     @overload
     def __getitem__(self, index: int) -> Delivery: ...
@@ -125,7 +127,8 @@ class Batch(Sequence[Delivery]):
             for i, d in enumerate(self._deliveries)
             if d.state in IN_DOUBT
         ]
-        result = self._queue._settle_many(moves, transaction) if moves else Settled()
+        with tracing.settle_batch(self._queue, moves):
+            result = self._queue._settle_many(moves, transaction) if moves else Settled()
         self._outcomes.clear()
         return result
 
@@ -143,6 +146,9 @@ class Batch(Sequence[Delivery]):
 
     def __enter__(self) -> Batch:
         self.in_process()
+        if self._deliveries:
+            d = self._deliveries[0]
+            self._span = tracing.begin(self._queue, d.subscriber, count=len(self._deliveries))
         return self
 
     def __exit__(
@@ -151,13 +157,16 @@ class Batch(Sequence[Delivery]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is None:
+        with tracing.finishing(self._span, exc):
+            if exc is None:
+                self.done()
+                return
+            for i, d in enumerate(self._deliveries):
+                if i not in self._outcomes and d.state in IN_DOUBT:
+                    self._outcomes[i] = after_failure(
+                        self._queue.retry, exc, d.attempt, d.max_attempts
+                    )
             self.done()
-            return
-        for i, d in enumerate(self._deliveries):
-            if i not in self._outcomes and d.state in IN_DOUBT:
-                self._outcomes[i] = after_failure(self._queue.retry, exc, d.attempt, d.max_attempts)
-        self.done()
 
     def __repr__(self) -> str:
         return f"<Batch of {len(self._deliveries)} from {self._queue.name!r}>"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from iqbridge.model import Envelope, MessageRecord, from_micros
 from iqbridge.moves import after_failure
+from iqbridge.observability import tracing
 from iqbridge.payload import decode
 from iqbridge.states import SubscriberState
 
@@ -90,6 +91,7 @@ class Delivery:
         "_payload",
         "_queue",
         "_record",
+        "_span",
         "_token",
         "attempt",
         "max_attempts",
@@ -118,6 +120,7 @@ class Delivery:
         self.attempt = attempt
         self.max_attempts = max_attempts
         self.state: SubscriberState = SubscriberState.FETCHED
+        self._span: tracing.Open | None = None
 
     # --- what was delivered -----------------------------------------------------------
 
@@ -242,6 +245,9 @@ class Delivery:
 
     def __enter__(self) -> Delivery:
         self.in_process()
+        self._span = tracing.begin(
+            self._queue, self.subscriber, msg_id=self.msg_id, correlation_id=self.correlation_id
+        )
         return self
 
     def __exit__(
@@ -250,14 +256,15 @@ class Delivery:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is None:
-            self.done()
-            return
-        move = after_failure(self._queue.retry, exc, self.attempt, self.max_attempts)
-        if move.kind == "unusable":
-            self.unusable(move.reason)
-        else:
-            self.release(move.delay, move.reason)
+        with tracing.finishing(self._span, exc):
+            if exc is None:
+                self.done()
+                return
+            move = after_failure(self._queue.retry, exc, self.attempt, self.max_attempts)
+            if move.kind == "unusable":
+                self.unusable(move.reason)
+            else:
+                self.release(move.delay, move.reason)
 
     def __repr__(self) -> str:
         return (

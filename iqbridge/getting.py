@@ -17,6 +17,7 @@ from iqbridge.errors import ConcurrentUpdate, IllegalTransition, InvalidArgument
 from iqbridge.housekeeping import Housekeeping
 from iqbridge.ids import adopted_id, new_token
 from iqbridge.model import Audience, MessageRecord, Received, Retained, check_name
+from iqbridge.observability import tracing
 from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH, to_seconds
 from iqbridge.settling import Settling
 from iqbridge.states import IN_DOUBT, TERMINAL, SubscriberState
@@ -80,6 +81,7 @@ class Getting(Settling, Housekeeping):
             raise InvalidArgument(f"max must be a positive int, got {max!r}")
         return Batch(self, self._get(subscriber, max, timeout, False, lease, lock_id))
 
+    @tracing.traced_get
     def _get(
         self,
         subscriber: str,

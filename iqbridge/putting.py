@@ -21,6 +21,7 @@ from iqbridge.errors import (
 )
 from iqbridge.ids import new_id
 from iqbridge.model import Audience, Envelope, MessageRecord, Retained, check_name, check_text
+from iqbridge.observability import tracing
 from iqbridge.payload import encode
 from iqbridge.queue_core import CAS_ATTEMPTS, to_seconds
 from iqbridge.stores.base import StaleRecord
@@ -233,6 +234,7 @@ class Putting(Subscribing):
         ids = [o.msg_id or "" for o in outs] if all(with_ids) else None
         return self._put_specs(pairs, msg_ids=ids, to=to, confirm=confirm)
 
+    @tracing.traced_put
     def _put_specs(
         self,
         pairs: list[tuple[object, _Spec]],

@@ -16,6 +16,7 @@ from iqbridge.engine import Change
 from iqbridge.errors import IllegalTransition, InvalidArgument, IQError
 from iqbridge.model import MessageRecord
 from iqbridge.moves import DONE, PROCESS, Move
+from iqbridge.observability import tracing
 from iqbridge.queue_core import QueueCore, to_seconds
 from iqbridge.states import IN_DOUBT, PublisherState
 from iqbridge.transaction import Binding, Transaction, join
@@ -199,17 +200,18 @@ class Settling(QueueCore):
         transaction: object = None,
         on_rollback: Callable[[], None] | None = None,
     ) -> Change:
-        if transaction is None:
-            return self._move(msg_id, subscriber, token, DONE, hint)
-        # In the application's transaction: DONE commits (or not) with its rows, and
-        # the broker hears of it only after the commit.
-        with join(self._store, transaction) as binding:
-            change = self._apply(msg_id, self._op(DONE, subscriber, token), hint)
-            assert change is not None
-            if on_rollback is not None:
-                binding.on_rollback(on_rollback)
-        binding.after_commit(lambda: self._tell_broker([(change, subscriber, DONE)]))
-        return change
+        with tracing.settle("done", self, msg_id, subscriber, hint):
+            if transaction is None:
+                return self._move(msg_id, subscriber, token, DONE, hint)
+            # In the application's transaction: DONE commits (or not) with its rows, and
+            # the broker hears of it only after the commit.
+            with join(self._store, transaction) as binding:
+                change = self._apply(msg_id, self._op(DONE, subscriber, token), hint)
+                assert change is not None
+                if on_rollback is not None:
+                    binding.on_rollback(on_rollback)
+            binding.after_commit(lambda: self._tell_broker([(change, subscriber, DONE)]))
+            return change
 
     def transaction(self, connection: object) -> Transaction:
         """A transaction of your own database for :meth:`Delivery.done(transaction=...)
@@ -231,7 +233,8 @@ class Settling(QueueCore):
         reason: str,
         hint: MessageRecord | None = None,
     ) -> Change:
-        return self._move(msg_id, subscriber, token, Move("unusable", reason=reason), hint)
+        with tracing.settle("unusable", self, msg_id, subscriber, hint):
+            return self._move(msg_id, subscriber, token, Move("unusable", reason=reason), hint)
 
     def _release(
         self,
@@ -242,9 +245,10 @@ class Settling(QueueCore):
         delay: float,
         hint: MessageRecord | None = None,
     ) -> Change:
-        return self._move(
-            msg_id, subscriber, token, Move("release", reason=reason, delay=delay), hint
-        )
+        with tracing.settle("release", self, msg_id, subscriber, hint):
+            return self._move(
+                msg_id, subscriber, token, Move("release", reason=reason, delay=delay), hint
+            )
 
     def _renew(
         self,

@@ -43,6 +43,7 @@ from iqbridge.errors import (
     PayloadError,
 )
 from iqbridge.hub import Hub
+from iqbridge.observability import tracing
 from iqbridge.putting import Outgoing
 from iqbridge.retry import RetryPolicy
 from iqbridge.states import SubscriberState
@@ -152,40 +153,41 @@ class _Lane:
 
     def _process(self, ready: list[Delivery]) -> None:
         r = self.runner
-        ok: list[Delivery] = []
-        kids: list[list[Outgoing]] = []
-        unusable: list[tuple[Delivery, str]] = []
-        t0 = time.monotonic()
-        self._start([d for d in ready if d.ordering_key not in self.parked])
-        t1 = time.monotonic()
-        for d in ready:
-            key = d.ordering_key
-            if key in self.parked:
-                self.parked[key].append(d)
-                continue
-            try:
-                children = r.translator.children(message_of(d))
-            except Exception as exc:
-                self._failed(d, exc, unusable)
-                continue
-            ok.append(d)
-            kids.append(children)
-        t2 = time.monotonic()
-        if ok:
-            ok, kids = self._put(ok, kids, unusable)
-        t3 = time.monotonic()
-        self._settle(ok, kids, unusable)
-        log.debug(
-            "route %s lane %d: %d messages: start %.3f s, translate %.3f s, put %.3f s, "
-            "settle %.3f s",
-            r.route.name,
-            self.n,
-            len(ready),
-            t1 - t0,
-            t2 - t1,
-            t3 - t2,
-            time.monotonic() - t3,
-        )
+        with tracing.hop(r.src, r.route.name, r.dst.name, r.sub, ready):
+            ok: list[Delivery] = []
+            kids: list[list[Outgoing]] = []
+            unusable: list[tuple[Delivery, str]] = []
+            t0 = time.monotonic()
+            self._start([d for d in ready if d.ordering_key not in self.parked])
+            t1 = time.monotonic()
+            for d in ready:
+                key = d.ordering_key
+                if key in self.parked:
+                    self.parked[key].append(d)
+                    continue
+                try:
+                    children = r.translator.children(message_of(d))
+                except Exception as exc:
+                    self._failed(d, exc, unusable)
+                    continue
+                ok.append(d)
+                kids.append(children)
+            t2 = time.monotonic()
+            if ok:
+                ok, kids = self._put(ok, kids, unusable)
+            t3 = time.monotonic()
+            self._settle(ok, kids, unusable)
+            log.debug(
+                "route %s lane %d: %d messages: start %.3f s, translate %.3f s, put %.3f s, "
+                "settle %.3f s",
+                r.route.name,
+                self.n,
+                len(ready),
+                t1 - t0,
+                t2 - t1,
+                t3 - t2,
+                time.monotonic() - t3,
+            )
 
     def _start(self, deliveries: list[Delivery]) -> None:
         """FETCHED -> IN_PROCESS in one commit, on a route with a transform: the user's

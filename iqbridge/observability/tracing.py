@@ -1,0 +1,388 @@
+"""OpenTelemetry spans around put, get, settle, ``with delivery:`` and bridge hops.
+
+Tracing is off until the application switches it on::
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from iqbridge.observability import tracing
+
+    tracing.configure(TracerProvider(...))  # or configure(): the global provider
+    ...
+    tracing.disable()
+
+**A global SDK provider does not switch it on by itself**: call :func:`configure` once at
+start-up. That keeps the hooks at one module-level ``if`` when tracing is off (no
+OpenTelemetry call, not even a no-op tracer's), and iqbridge works with
+``opentelemetry-api`` not installed at all (it is imported by :func:`configure` only).
+``configure()`` without a provider follows the global one through OpenTelemetry's
+proxy, so it may be called before or after the application sets its provider.
+
+What is recorded (span names ``"{operation} {queue}"``, e.g. ``put orders``):
+
+===========================  =========  ==============  ===============================
+call                         span kind  operation.type  operation.name
+===========================  =========  ==============  ===============================
+put, put_many, put_each      PRODUCER   send            put
+get, get_many (non-empty)    CONSUMER   receive         get
+``with delivery:`` / batch   CONSUMER   process         process
+done, unusable, release      CLIENT     settle          done / unusable / release
+``batch.done()``             CLIENT     settle          done
+a bridge route's hop         CONSUMER   process         bridge
+===========================  =========  ==============  ===============================
+
+Attributes: ``messaging.system`` (``rabbitmq``, ``kafka``, ``redis``,
+``iqbridge.sqlite``, ``iqbridge.memory``, else the URL scheme),
+``messaging.destination.name`` (the queue), ``messaging.operation.type``,
+``messaging.operation.name``, ``messaging.message.id`` (one message),
+``messaging.batch.message_count`` (batches), ``messaging.consumer.group.name`` (the
+subscriber), ``messaging.message.conversation_id`` (the correlation id, if any); a hop
+adds ``iqbridge.bridge.route``, ``iqbridge.bridge.destination`` and
+``iqbridge.parent_ids`` (the source msg_ids its children derive from). An exception is
+recorded on the span, whose status is then ERROR; in ``with delivery:`` the handler's
+exception marks the process span. A get that finds nothing records no span (a polling
+consumer would otherwise record one per poll); one that fails does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from types import ModuleType, TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from iqbridge.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, Tracer, TracerProvider
+    from opentelemetry.util.types import AttributeValue
+
+__all__ = [
+    "Open",
+    "begin",
+    "configure",
+    "disable",
+    "enabled",
+    "finishing",
+    "hop",
+    "settle",
+    "settle_batch",
+    "system_of",
+    "traced_get",
+    "traced_put",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The tracer when tracing is on; the hooks test this one name.
+_tracer: Tracer | None = None
+_trace: ModuleType | None = None  # opentelemetry.trace, once configured
+_context: ModuleType | None = None  # opentelemetry.context
+_OFF: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+_SYSTEMS = {
+    "amqp": "rabbitmq",
+    "amqps": "rabbitmq",
+    "kafka": "kafka",
+    "redis": "redis",
+    "rediss": "redis",
+    "sqlite": "iqbridge.sqlite",
+    "memory": "iqbridge.memory",
+    "ibmmq": "ibm_mq",
+}
+
+SYSTEM = "messaging.system"
+DESTINATION = "messaging.destination.name"
+OP_TYPE = "messaging.operation.type"
+OP_NAME = "messaging.operation.name"
+MESSAGE_ID = "messaging.message.id"
+BATCH_COUNT = "messaging.batch.message_count"
+GROUP = "messaging.consumer.group.name"
+CONVERSATION = "messaging.message.conversation_id"
+
+
+def configure(tracer_provider: TracerProvider | None = None) -> None:
+    """Switch tracing on, with spans from ``tracer_provider`` (None: the global provider,
+    followed through OpenTelemetry's proxy if the application sets it later).
+
+    Raises :class:`~iqbridge.errors.ConfigurationError` if ``opentelemetry-api`` is not
+    installed."""
+    global _tracer, _trace, _context  # noqa: PLW0603 (the one switch the hooks read)
+    try:
+        from opentelemetry import context, trace
+    except ImportError as exc:
+        raise ConfigurationError(
+            "tracing needs opentelemetry-api: pip install 'iqbridge[admin]' "
+            "(or opentelemetry-api and an SDK)"
+        ) from exc
+    try:
+        version: str | None = metadata.version("iqbridge")
+    except metadata.PackageNotFoundError:
+        version = None
+    _trace, _context = trace, context
+    _tracer = trace.get_tracer("iqbridge", version, tracer_provider=tracer_provider)
+
+
+def disable() -> None:
+    """Switch tracing off: the hooks record nothing from now on."""
+    global _tracer  # noqa: PLW0603
+    _tracer = None
+
+
+def enabled() -> bool:
+    """Whether :func:`configure` switched tracing on."""
+    return _tracer is not None
+
+
+def system_of(url: str) -> str:
+    """``messaging.system`` for a broker URL (by scheme)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    return _SYSTEMS.get(scheme, scheme or "iqbridge")
+
+
+def _attrs(queue: object, operation: str, op_type: str) -> dict[str, AttributeValue]:
+    """The attributes every span has, for a queue handle (anything with ``name`` and
+    ``hub.adapter.url``)."""
+    hub = getattr(queue, "hub", None)
+    url = getattr(getattr(hub, "adapter", None), "url", "")
+    return {
+        SYSTEM: system_of(url if isinstance(url, str) else ""),
+        DESTINATION: _name(queue),
+        OP_TYPE: op_type,
+        OP_NAME: operation,
+    }
+
+
+def _name(queue: object) -> str:
+    return str(getattr(queue, "name", ""))
+
+
+def _kind(name: str) -> Any:
+    assert _trace is not None
+    return getattr(_trace.SpanKind, name)
+
+
+def _fail(span: Span, exc: BaseException) -> None:
+    assert _trace is not None
+    span.record_exception(exc)
+    span.set_status(_trace.Status(_trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+
+# --- put and get: decorators, since what they record is known once they return -----------
+
+
+def traced_put(fn: F) -> F:
+    """Wrap the queue's one internal put path ``(queue, pairs, ...) -> msg_ids``: a
+    PRODUCER span per put (``pairs`` is a list of (payload, spec with correlation_id))."""
+
+    @functools.wraps(fn)
+    def put(queue: Any, pairs: Sequence[tuple[object, Any]], *args: Any, **kwargs: Any) -> Any:
+        tracer = _tracer
+        if tracer is None:
+            return fn(queue, pairs, *args, **kwargs)
+        attrs = _attrs(queue, "put", "send")
+        if len(pairs) != 1:
+            attrs[BATCH_COUNT] = len(pairs)
+        corr = {getattr(spec, "correlation_id", None) for _, spec in pairs}
+        if len(corr) == 1 and (one := corr.pop()) is not None:
+            attrs[CONVERSATION] = one
+        with tracer.start_as_current_span(
+            f"put {queue.name}", kind=_kind("PRODUCER"), attributes=attrs
+        ) as span:
+            ids = fn(queue, pairs, *args, **kwargs)
+            if len(ids) == 1:
+                span.set_attribute(MESSAGE_ID, ids[0])
+            return ids
+
+    return cast(F, put)
+
+
+def traced_get(fn: F) -> F:
+    """Wrap the queue's internal get ``(queue, subscriber, want, ...) -> deliveries``: a
+    CONSUMER span for a get that returned something or failed, none for an empty poll."""
+
+    @functools.wraps(fn)
+    def get(queue: Any, subscriber: str, want: int, *args: Any, **kwargs: Any) -> Any:
+        tracer = _tracer
+        if tracer is None:
+            return fn(queue, subscriber, want, *args, **kwargs)
+        start = time.time_ns()
+        failed: BaseException | None = None
+        got: list[Any] = []
+        try:
+            got = fn(queue, subscriber, want, *args, **kwargs)
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            if got or failed is not None:
+                attrs = _attrs(queue, "get", "receive")
+                attrs[GROUP] = subscriber
+                if want > 1:
+                    attrs[BATCH_COUNT] = len(got)
+                if len(got) == 1:
+                    attrs[MESSAGE_ID] = got[0].msg_id
+                    if got[0].correlation_id is not None:
+                        attrs[CONVERSATION] = got[0].correlation_id
+                span = tracer.start_span(
+                    f"get {queue.name}", kind=_kind("CONSUMER"), attributes=attrs, start_time=start
+                )
+                if failed is not None:
+                    _fail(span, failed)
+                span.end()
+        return got
+
+    return cast(F, get)
+
+
+# --- settling ---------------------------------------------------------------------------
+
+
+def settle(
+    operation: str,
+    queue: object,
+    msg_id: str,
+    subscriber: str,
+    record: object = None,
+) -> contextlib.AbstractContextManager[object]:
+    """A CLIENT span around one delivery's ``operation`` (done, unusable, release);
+    ``record`` (the message's record, if at hand) gives the correlation id."""
+    tracer = _tracer
+    if tracer is None:
+        return _OFF
+    attrs = _attrs(queue, operation, "settle")
+    attrs[MESSAGE_ID] = msg_id
+    attrs[GROUP] = subscriber
+    corr = getattr(record, "correlation_id", None)
+    if isinstance(corr, str):
+        attrs[CONVERSATION] = corr
+    return tracer.start_as_current_span(
+        f"{operation} {_name(queue)}", kind=_kind("CLIENT"), attributes=attrs
+    )
+
+
+def settle_batch(
+    queue: object, moves: Sequence[tuple[Any, Any]]
+) -> contextlib.AbstractContextManager[object]:
+    """A CLIENT span around settling a batch (``moves``: (delivery, move) pairs); the
+    unusable and released among them are counted in ``iqbridge.settle.unusable`` and
+    ``iqbridge.settle.released``."""
+    tracer = _tracer
+    if tracer is None or not moves:
+        return _OFF
+    attrs = _attrs(queue, "done", "settle")
+    attrs[BATCH_COUNT] = len(moves)
+    attrs[GROUP] = moves[0][0].subscriber
+    kinds = [getattr(m, "kind", "") for _, m in moves]
+    attrs["iqbridge.settle.unusable"] = kinds.count("unusable")
+    attrs["iqbridge.settle.released"] = kinds.count("release")
+    return tracer.start_as_current_span(
+        f"done {_name(queue)}", kind=_kind("CLIENT"), attributes=attrs
+    )
+
+
+# --- processing: a span opened by __enter__ and closed by __exit__ ------------------------
+
+
+class Open:
+    """A process span opened by :func:`begin`, current until :func:`finishing` ends it."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: Span, token: object) -> None:
+        self.span = span
+        self.token = token
+
+
+def begin(
+    queue: object,
+    subscriber: str,
+    *,
+    msg_id: str | None = None,
+    count: int | None = None,
+    correlation_id: str | None = None,
+) -> Open | None:
+    """Open a CONSUMER ``process`` span for ``with delivery:`` (``msg_id``) or ``with
+    batch:`` (``count``) and make it current; None when tracing is off."""
+    tracer = _tracer
+    if tracer is None:
+        return None
+    assert _trace is not None and _context is not None
+    attrs = _attrs(queue, "process", "process")
+    attrs[GROUP] = subscriber
+    if msg_id is not None:
+        attrs[MESSAGE_ID] = msg_id
+    if count is not None:
+        attrs[BATCH_COUNT] = count
+    if correlation_id is not None:
+        attrs[CONVERSATION] = correlation_id
+    span = tracer.start_span(f"process {_name(queue)}", kind=_kind("CONSUMER"), attributes=attrs)
+    ctx: Context = _trace.set_span_in_context(span)
+    return Open(span, _context.attach(ctx))
+
+
+class _Finishing:
+    __slots__ = ("exc", "open")
+
+    def __init__(self, open_: Open, exc: BaseException | None) -> None:
+        self.open = open_
+        self.exc = exc
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert _context is not None
+        span = self.open.span
+        try:
+            for failure in (self.exc, exc):
+                if failure is not None:
+                    _fail(span, failure)
+            span.end()
+        finally:
+            with contextlib.suppress(Exception):
+                _context.detach(cast(Any, self.open.token))
+
+
+def finishing(
+    open_: Open | None, exc: BaseException | None
+) -> contextlib.AbstractContextManager[object]:
+    """Around ``__exit__``'s settling: on leaving, end the span :func:`begin` opened,
+    recording ``exc`` (the handler's exception) and any exception of the settling."""
+    if open_ is None:
+        return _OFF
+    return _Finishing(open_, exc)
+
+
+# --- a bridge route's hop -----------------------------------------------------------------
+
+
+def hop(
+    source: object,
+    route: str,
+    destination: str,
+    subscriber: str,
+    deliveries: Sequence[Any],
+) -> contextlib.AbstractContextManager[object]:
+    """A CONSUMER ``bridge`` span around one hop of a bridge route: ``deliveries`` of the
+    ``source`` queue translated and put on ``destination``; their msg_ids are the
+    ``iqbridge.parent_ids`` attribute (the puts and settles of the hop are its children)."""
+    tracer = _tracer
+    if tracer is None:
+        return _OFF
+    attrs = _attrs(source, "bridge", "process")
+    attrs[GROUP] = subscriber
+    attrs[BATCH_COUNT] = len(deliveries)
+    attrs["iqbridge.bridge.route"] = route
+    attrs["iqbridge.bridge.destination"] = destination
+    attrs["iqbridge.parent_ids"] = [d.msg_id for d in deliveries]
+    return tracer.start_as_current_span(
+        f"bridge {_name(source)}", kind=_kind("CONSUMER"), attributes=attrs
+    )
