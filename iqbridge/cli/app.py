@@ -15,6 +15,7 @@ import typer
 from typer.core import TyperGroup
 
 from iqbridge.cli import admin, demo, looking, messages, reconcile, relay, run_worker
+from iqbridge.cli.admin_serve import admin_app
 from iqbridge.cli.analytics import analytics_app
 from iqbridge.cli.bridge import bridge_app, lineage
 from iqbridge.cli.context import CommandError, Settings, settings
@@ -163,6 +164,7 @@ app.command("reconcile", rich_help_panel=_ADMIN)(reconcile.reconcile)
 app.add_typer(bridge_app, name="bridge", rich_help_panel=_ADMIN)
 app.add_typer(journal_app, name="journal", rich_help_panel=_ADMIN)
 app.add_typer(analytics_app, name="analytics", rich_help_panel=_ADMIN)
+app.add_typer(admin_app, name="admin", rich_help_panel=_ADMIN)
 app.command("lineage", rich_help_panel=_LOOKING)(lineage)
 
 

@@ -1,0 +1,142 @@
+"""The admin server's configuration file (``hubs.yaml``), parsed into a typed
+:class:`AdminConfig`.
+
+Token values never appear in the file: each token names an environment variable or a
+file holding its value, read once when the server starts (:mod:`iqbridge.admin.auth`).
+A bad file raises :class:`AdminConfigError` naming the field that is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from iqbridge.errors import ConfigurationError
+
+__all__ = [
+    "AdminConfig",
+    "AdminConfigError",
+    "BridgeSpec",
+    "HubSpec",
+    "Listen",
+    "Role",
+    "TokenSpec",
+    "load_config",
+    "parse_config",
+]
+
+#: What a token may do: ``admin`` reads and acts, ``readonly`` only reads.
+Role = Literal["admin", "readonly"]
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+
+
+class AdminConfigError(ConfigurationError):
+    """The admin configuration is malformed, or a token's value cannot be read."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Listen(_Strict):
+    """Where ``iq admin serve`` listens (the command line's --host/--port win)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+
+
+class TokenSpec(_Strict):
+    """One bearer token: its name (journalled with every action it makes), its role,
+    and where its value is read from: exactly one of ``env`` and ``file``."""
+
+    name: str = Field(pattern=_NAME)
+    role: Role
+    env: str | None = Field(default=None, min_length=1)
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TokenSpec:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of env (a variable name) and file (a path)")
+        return self
+
+
+class HubSpec(_Strict):
+    """One hub: a broker URL and, optionally, its index store URL."""
+
+    name: str = Field(pattern=_NAME)
+    url: str = Field(min_length=1)
+    index: str | None = None
+
+
+class BridgeSpec(_Strict):
+    """A bridge daemon whose health file the server reports."""
+
+    name: str = Field(pattern=_NAME)
+    health_file: Path
+    max_age: float = Field(default=10.0, gt=0)
+
+
+class AdminConfig(_Strict):
+    """The whole admin configuration."""
+
+    listen: Listen = Listen()
+    tokens: list[TokenSpec] = Field(min_length=1)
+    hubs: list[HubSpec] = Field(min_length=1)
+    bridges: list[BridgeSpec] = []
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> AdminConfig:
+        for kind, names in (
+            ("tokens", [t.name for t in self.tokens]),
+            ("hubs", [h.name for h in self.hubs]),
+            ("bridges", [b.name for b in self.bridges]),
+        ):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"{kind}: name(s) used twice: {', '.join(twice)}")
+        return self
+
+    def hub(self, name: str) -> HubSpec | None:
+        """The hub called ``name``, or None."""
+        return next((h for h in self.hubs if h.name == name), None)
+
+
+def _where(loc: Sequence[int | str]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def parse_config(data: Any, *, source: str = "admin config") -> AdminConfig:
+    """An :class:`AdminConfig` from parsed YAML; AdminConfigError naming the bad field."""
+    if not isinstance(data, dict):
+        raise AdminConfigError(f"{source}: expected a mapping with tokens and hubs")
+    try:
+        return AdminConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        more = len(exc.errors()) - 1
+        text = f"{source}: {_where(first['loc'])}: {first['msg']}"
+        if more:
+            text += f" (and {more} more problem(s))"
+        raise AdminConfigError(text) from None
+
+
+def load_config(path: str | Path) -> AdminConfig:
+    """Read and parse a ``hubs.yaml`` file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise AdminConfigError(f"cannot read admin config {p}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise AdminConfigError(f"{p}: not valid YAML{at}") from None
+    return parse_config(data, source=str(p))

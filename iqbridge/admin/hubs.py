@@ -1,0 +1,152 @@
+"""The configured hubs, connected lazily and kept open, with typed errors that name the
+hub (never its URL's password)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from urllib.parse import unquote, urlsplit
+
+from iqbridge.admin.config import HubSpec
+from iqbridge.errors import ConnectionError, IQError, QueueError
+from iqbridge.hub import Hub, connect
+from iqbridge.queue import Queue
+from iqbridge.registry import redact
+
+__all__ = ["RETRY_AFTER", "HubNotFound", "HubUnavailable", "Hubs", "url_secrets"]
+
+log = logging.getLogger("iqbridge.admin")
+
+
+class HubNotFound(QueueError):
+    """No hub of that name is configured."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no hub named {name!r} is configured")
+
+
+class HubUnavailable(IQError):
+    """A configured hub cannot be opened (its broker or index store is unreachable, or
+    its URL is wrong)."""
+
+    def __init__(self, name: str, kind: str) -> None:
+        self.name = name
+        super().__init__(
+            f"hub {name!r} is unavailable ({kind}); see the server log, and check that its "
+            f"broker and index store are running"
+        )
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The password of a URL, raw and percent-decoded (to scrub from text)."""
+    if not url:
+        return []
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return []
+    if not password:
+        return []
+    return sorted({password, unquote(password)}, key=len, reverse=True)
+
+
+#: Seconds a hub that could not be opened is reported unavailable before it is tried again.
+RETRY_AFTER = 5.0
+
+
+class Hubs:
+    """Every configured hub by name; each is connected on first use and kept open.
+    A hub that cannot be reached is tried again on a request at least ``retry_after``
+    seconds later (until then it is reported unavailable at once)."""
+
+    def __init__(
+        self,
+        specs: Sequence[HubSpec],
+        retry_after: float = RETRY_AFTER,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._specs = {s.name: s for s in specs}
+        self._open: dict[str, Hub] = {}
+        self._lock = threading.Lock()
+        # One lock per hub: a slow connect to one hub does not hold up the others.
+        self._connecting = {name: threading.Lock() for name in self._specs}
+        self._retry_after = retry_after
+        self._clock = clock
+        self._failed: dict[str, tuple[float, str]] = {}
+
+    def names(self) -> list[str]:
+        """The hubs' names, in configuration order."""
+        return list(self._specs)
+
+    def spec(self, name: str) -> HubSpec:
+        """A hub's configuration; HubNotFound when none has that name."""
+        spec = self._specs.get(name)
+        if spec is None:
+            raise HubNotFound(name)
+        return spec
+
+    def redacted_url(self, name: str) -> str:
+        """The hub's broker URL with its password replaced by ``***``."""
+        return redact(self.spec(name).url)
+
+    def secrets(self) -> list[str]:
+        """Every password in the configured URLs."""
+        out: list[str] = []
+        for s in self._specs.values():
+            out += url_secrets(s.url) + url_secrets(s.index)
+        return out
+
+    def hub(self, name: str) -> Hub:
+        """The open hub ``name`` (connected now if it was not)."""
+        spec = self.spec(name)
+        with self._connecting[name]:
+            with self._lock:
+                hub = self._open.get(name)
+            if hub is not None:
+                return hub
+            failed = self._failed.get(name)
+            if failed is not None and self._clock() - failed[0] < self._retry_after:
+                raise HubUnavailable(name, failed[1])
+            try:
+                hub = connect(spec.url, spec.index, publisher="iq-admin")
+            except IQError as exc:
+                # The message may carry a redacted URL; log the type and hub only.
+                kind = type(exc).__name__
+                log.warning("hub %r cannot be opened: %s", name, kind)
+                self._failed[name] = (self._clock(), kind)
+                raise HubUnavailable(name, kind) from None
+            self._failed.pop(name, None)
+            with self._lock:
+                self._open[name] = hub
+            return hub
+
+    @contextlib.contextmanager
+    def using(self, name: str) -> Iterator[Hub]:
+        """The open hub ``name``; a connection lost meanwhile becomes HubUnavailable."""
+        try:
+            yield self.hub(name)
+        except ConnectionError as exc:
+            log.warning("hub %r failed: %s", name, type(exc).__name__)
+            raise HubUnavailable(name, type(exc).__name__) from None
+
+    def queue(self, hub: str, queue: str) -> Queue:
+        """An existing queue of a hub (UnknownQueueError when nobody has used it)."""
+        return self.hub(hub).queue(queue, create=False)
+
+    def queue_names(self, hub: str) -> list[str]:
+        """The queues a hub's index knows, sorted."""
+        return sorted(self.hub(hub).store.queues())
+
+    def close(self) -> None:
+        """Close every open hub."""
+        with self._lock:
+            hubs, self._open = list(self._open.values()), {}
+        for h in hubs:
+            try:
+                h.close()
+            except Exception:  # closing is best effort; nothing to report to a caller
+                log.warning("closing a hub failed", exc_info=False)
