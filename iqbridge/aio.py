@@ -99,9 +99,9 @@ class AsyncQueue:
         batch = await asyncio.to_thread(self.sync.get_many, subscriber, max, **options)
         return AsyncBatch(batch)
 
-    async def confirm_put(self, msg_id: str) -> None:
+    async def confirm_put(self, msg_id: str, *, detail: str | None = None) -> None:
         """See :meth:`Queue.confirm_put`."""
-        await asyncio.to_thread(self.sync.confirm_put, msg_id)
+        await asyncio.to_thread(functools.partial(self.sync.confirm_put, msg_id, detail=detail))
 
     async def confirm_get(self, confirm_id: str) -> None:
         """See :meth:`Queue.confirm_get`."""

@@ -481,9 +481,10 @@ class Putting(Subscribing):
             [(change.msg_id, ref) for change, ref in zip(changes, refs, strict=True)]
         )
 
-    def confirm_put(self, msg_id: str) -> None:
-        """Reveal a put made with ``confirm=True``: PUT -> REVEALED."""
-        change = self._apply(msg_id, lambda r: engine.reveal(r, self._now()))
+    def confirm_put(self, msg_id: str, *, detail: str | None = None) -> None:
+        """Reveal a put made with ``confirm=True``: PUT -> REVEALED (``detail``, who and
+        why, is journalled with it)."""
+        change = self._apply(msg_id, lambda r: engine.reveal(r, self._now(), detail))
         if change is not None:
             self._wake(change.record)
         self.hub.notify()
@@ -491,9 +492,10 @@ class Putting(Subscribing):
     def reveal(self, msg_id: str, to: str | None = None, *, detail: str | None = None) -> None:
         """Confirm a pending put, or with ``to`` re-reveal the message to one subscriber
         that found it UNUSABLE (AVAILABLE again, attempt + 1). ``detail`` is journalled
-        with the re-reveal (who asked, and why); by default "re-revealed by publisher"."""
+        with the move (who asked, and why); a re-reveal's default is "re-revealed by
+        publisher"."""
         if to is None:
-            self.confirm_put(msg_id)
+            self.confirm_put(msg_id, detail=detail)
             return
         if self._adapter.capabilities.forgets:
             # The member's entry is gone from the broker: the retained copy serves the

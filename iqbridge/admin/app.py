@@ -9,6 +9,7 @@ dashboard the same error is an HTML page, and a missing session goes to the log-
 
 from __future__ import annotations
 
+import functools
 import logging
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -82,6 +83,7 @@ def create_app(
     app.include_router(dashboard.router)
     app.mount("/ui/static", StaticFiles(directory=_HERE / "static"), name="static")
     _add_meta_routes(app)
+    _add_metrics(app, hubs)
     _add_error_handlers(app)
     app.middleware("http")(_headers)
     return app
@@ -103,6 +105,20 @@ def _add_meta_routes(app: FastAPI) -> None:
         """Swagger UI (needs a token; it fetches /openapi.json with the same header only
         through a client that sends it, such as a header-adding proxy)."""
         return get_swagger_ui_html(openapi_url="/openapi.json", title="iqbridge admin API")
+
+
+def _add_metrics(app: FastAPI, hubs: Hubs) -> None:
+    """``/metrics``: Prometheus metrics over every configured hub (needs a token, like
+    the API: Prometheus sends it with ``authorization: {credentials_file: ...}``)."""
+    from iqbridge.observability.metrics import build_registry, render
+
+    registry = build_registry({name: functools.partial(hubs.hub, name) for name in hubs.names()})
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(_: Annotated[Principal, Depends(reader)]) -> Response:
+        """The Prometheus exposition (see docs/observability.md)."""
+        body, content_type = render(registry)
+        return Response(body, media_type=content_type)
 
 
 async def _headers(

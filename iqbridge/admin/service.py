@@ -375,7 +375,7 @@ class AdminService:
         with self.hubs.using(hub):
             q = self.hubs.queue(hub, queue)
             q.state(msg_id)
-            q.reveal(msg_id)
+            q.reveal(msg_id, detail=detail)
             return self._result(q, "reveal", msg_id, by, detail)
 
     def withdraw(

@@ -89,17 +89,18 @@ def _scrub(text: str) -> str:
 
 
 def build_registry(
-    hubs: Mapping[str, Hub | str],
+    hubs: Mapping[str, Hub | str | Callable[[], Hub]],
     *,
     page_size: int = 1000,
     max_pages: int = 10,
     max_lookups: int = 200,
     max_tracked: int = 100_000,
 ) -> CollectorRegistry:
-    """A registry holding one :class:`IQCollector` over ``hubs`` (name -> open hub, or
-    a URL to connect lazily); the options bound each scrape's work (see
-    :class:`IQCollector`). Hubs given as URLs stay open for the registry's life; to
-    close them, register an :class:`IQCollector` yourself and call its ``close()``."""
+    """A registry holding one :class:`IQCollector` over ``hubs`` (name -> open hub, a
+    URL to connect lazily, or a function giving the hub at each scrape); the options
+    bound each scrape's work (see :class:`IQCollector`). Hubs given as URLs stay open
+    for the registry's life; to close them, register an :class:`IQCollector` yourself
+    and call its ``close()``."""
     registry = CollectorRegistry(auto_describe=False)
     collector = IQCollector(
         hubs,
@@ -190,6 +191,8 @@ class _HubState:
     name: str
     hub: Hub | None
     url: str | None  # set when the collector connects (and closes) it itself
+    #: Gives the hub at each scrape (the caller owns it: an app's own lazily opened hubs).
+    factory: Callable[[], Hub] | None = None
     tail: _Tail = field(default_factory=_Tail)
     queues: dict[str, Queue] = field(default_factory=dict)
     index_errors: int = 0
@@ -304,7 +307,7 @@ class IQCollector(Collector):
 
     def __init__(
         self,
-        hubs: Mapping[str, Hub | str],
+        hubs: Mapping[str, Hub | str | Callable[[], Hub]],
         *,
         page_size: int = 1000,
         max_pages: int = 10,
@@ -324,6 +327,8 @@ class IQCollector(Collector):
         for name, hub in hubs.items():
             if isinstance(hub, str):
                 self._hubs.append(_HubState(name, None, hub))
+            elif not isinstance(hub, Hub):
+                self._hubs.append(_HubState(name, None, None, factory=hub))
             else:
                 st = _HubState(name, hub, None)
                 self._hubs.append(st)
@@ -376,6 +381,8 @@ class IQCollector(Collector):
             getattr(fam, family).add_metric(labels, value)
 
     def _connect(self, st: _HubState) -> Hub:
+        if st.factory is not None:
+            return st.factory()
         if st.hub is None:
             assert st.url is not None
             st.hub = connect(st.url)

@@ -212,7 +212,10 @@ def test_withdraw_and_reveal_go_through_the_engine(tmp_path: Path, orders: Order
     assert {v.state for v in st.subscribers.values()} == {S.JOURNALLED}
     withdrawn = [e for e in st.journal if e.dst == "UNAVAILABLE"]
     assert [e.detail for e in withdrawn] == ["by admin ops: duplicate"]
-    assert orders.q.state(orders.m3).publisher_state is P.REVEALED
+    revealed = orders.q.state(orders.m3)
+    assert revealed.publisher_state is P.REVEALED
+    [entry] = [e for e in revealed.journal if e.dst == "REVEALED"]
+    assert entry.detail is not None and entry.detail.startswith("by admin ops:")
 
 
 def test_rereveal_to_one_subscriber_is_journalled_with_the_token(
@@ -474,3 +477,52 @@ def test_cli_admin_serve_without_the_extra_says_what_to_install(
     result = CliRunner().invoke(cli_app, ["admin", "serve", "--config", str(cfg)])
     line = one_error_line(result, 1)
     assert "iqbridge_no_such_module" in line and "install iqbridge[admin]" in line
+
+
+def test_metrics_over_every_hub_need_a_token_and_name_no_secret(
+    tmp_path: Path, orders: Orders
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.integration.admin_helpers import DOWN_PASSWORD, DOWN_URL
+
+    with admin_client(tmp_path, {"sales": orders.url, "down": DOWN_URL}) as c:
+        assert c.get("/metrics").status_code == 401
+        first = c.get("/metrics", headers=AUTH)
+        assert first.status_code == 200, first.text
+        got = orders.q.get("billing")  # m2: one transition to FETCHED, one to GET
+        assert got is not None
+        r = c.get("/metrics", headers=AUTH)
+    assert DOWN_PASSWORD not in first.text + r.text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(r.text)
+        for s in f.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("iqbridge_hub_up", hub="sales") == 1
+    assert value("iqbridge_hub_up", hub="down") == 0
+    assert value("iqbridge_publisher_messages", hub="sales", queue="orders", state="PUT") == 1
+    assert (
+        value(
+            "iqbridge_subscriber_messages",
+            hub="sales",
+            queue="orders",
+            subscriber="billing",
+            state="FETCHED",
+        )
+        == 1
+    )
+    assert (
+        value(
+            "iqbridge_transitions_total",
+            hub="sales",
+            queue="orders",
+            actor_kind="subscriber",
+            state="FETCHED",
+        )
+        == 1
+    )
