@@ -135,7 +135,10 @@ def test_wheel_installs_cleanly_and_works(tmp_path: Path) -> None:
         "iqbridge/adapters/__init__.py",
         "iqbridge/adapters/sqlite.py",
         "iqbridge/recovery/__init__.py",
+        "iqbridge/recovery/crossqueue.py",
         "iqbridge/stores/sqlite.py",
+        "iqbridge/admin/templates/message.html",
+        "iqbridge/admin/static/admin.css",
     ):
         assert required in names, f"{required} missing from {wheel.name}"
     assert not [n for n in names if n.startswith(("adapters/", "recovery/", "tests/"))]
