@@ -709,8 +709,9 @@ def run(machine: type[QueueMachine], examples: int, steps: int, *, full_coverage
     config = machine.config
     print(f"\nstateful {config}: {dict(sorted(STATS.items()))}")
     assert STATS[f"{config}.examples"] >= examples
-    # The machine must reach the interesting places, not only refuse moves.
-    assert STATS[f"{config}.get.delivered"] >= examples
+    # The machine must reach the interesting places, not only refuse moves: about one
+    # delivery per example (random draws: 99 in 100 was seen once, so not exactly one).
+    assert STATS[f"{config}.get.delivered"] >= 0.8 * examples
     assert STATS[f"{config}.refused.IllegalTransition"] > 0
     assert STATS[f"{config}.refused.LeaseLost"] > 0
     assert STATS[f"{config}.refused.AudienceError"] > 0
