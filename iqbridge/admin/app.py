@@ -25,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import iqbridge
-from iqbridge.admin import dashboard
+from iqbridge.admin import dashboard, dashboard_ops
 from iqbridge.admin.api import reader, router
 from iqbridge.admin.auth import Principal, TokenRing
 from iqbridge.admin.config import AdminConfig
@@ -81,6 +81,7 @@ def create_app(
     app.state.admin = state
     app.include_router(router)
     app.include_router(dashboard.router)
+    app.include_router(dashboard_ops.router)
     app.mount("/ui/static", StaticFiles(directory=_HERE / "static"), name="static")
     _add_meta_routes(app)
     _add_metrics(app, hubs)

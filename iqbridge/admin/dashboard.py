@@ -26,7 +26,16 @@ from iqbridge.admin.sessions import COOKIE, Session
 from iqbridge.admin.state import admin_state
 from iqbridge.errors import InvalidArgument, IQError
 
-__all__ = ["LoginRequired", "error_page", "router", "timeline"]
+__all__ = [
+    "LoginRequired",
+    "UISession",
+    "check_csrf",
+    "error_page",
+    "render",
+    "require_admin",
+    "router",
+    "timeline",
+]
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
@@ -58,9 +67,10 @@ def ui_session(request: Request) -> Session:
 UISession = Annotated[Session, Depends(ui_session)]
 
 
-def _render(
+def render(
     request: Request, name: str, ctx: dict[str, Any], status: int = 200, s: Session | None = None
 ) -> Response:
+    """Render a template with the session, and no error or notice unless given."""
     base: dict[str, Any] = {"session": s, "error": None, "notice": None}
     base.update(ctx)
     return templates.TemplateResponse(request, name, base, status_code=status)
@@ -70,7 +80,7 @@ def error_page(request: Request, status: int, kind: str, detail: str) -> Respons
     """An error as an HTML page (the API answers the same error as JSON)."""
     s = admin_state(request).sessions.get(request.cookies.get(COOKIE))
     ctx = {"status": status, "kind": kind, "detail": detail}
-    return _render(request, "error.html", ctx, status, s)
+    return render(request, "error.html", ctx, status, s)
 
 
 # --- log-in ------------------------------------------------------------------------------
@@ -79,7 +89,7 @@ def error_page(request: Request, status: int, kind: str, detail: str) -> Respons
 @router.get("/login")
 def login_form(request: Request) -> Response:
     """The log-in page: paste a token."""
-    return _render(request, "login.html", {})
+    return render(request, "login.html", {})
 
 
 @router.post("/login")
@@ -88,7 +98,7 @@ def login(request: Request, token: Annotated[str, Form(max_length=4096)] = "") -
     state = admin_state(request)
     principal = state.tokens.check(token.strip())
     if principal is None:
-        return _render(request, "login.html", {"error": "That token is not valid."}, 401)
+        return render(request, "login.html", {"error": "That token is not valid."}, 401)
     s = state.sessions.open(principal)
     resp = RedirectResponse("/ui/", status_code=303)
     resp.set_cookie(
@@ -106,14 +116,15 @@ def login(request: Request, token: Annotated[str, Form(max_length=4096)] = "") -
 @router.post("/logout")
 def logout(request: Request, s: UISession, csrf: Annotated[str, Form()] = "") -> Response:
     """End the session."""
-    _check_csrf(s, csrf)
+    check_csrf(s, csrf)
     admin_state(request).sessions.close(s.sid)
     resp = RedirectResponse("/ui/login", status_code=303)
     resp.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
     return resp
 
 
-def _check_csrf(s: Session, presented: str) -> None:
+def check_csrf(s: Session, presented: str) -> None:
+    """403 unless ``presented`` is the session's CSRF token (compared in constant time)."""
     if not s.csrf_ok(presented):
         raise AdminHTTPError(403, "csrf", "the form is stale or forged: reload the page")
 
@@ -135,7 +146,7 @@ def home(request: Request, s: UISession) -> Response:
             except HubUnavailable as exc:
                 error = str(exc)
         hubs.append({"hub": h, "counts": counts, "error": error})
-    return _render(request, "home.html", {"hubs": hubs, "bridges": svc.bridge_health()}, s=s)
+    return render(request, "home.html", {"hubs": hubs, "bridges": svc.bridge_health()}, s=s)
 
 
 def _opt_int(value: str, name: str) -> int | None:
@@ -214,8 +225,8 @@ def queue_page(
             raise
         ctx["results"] = []
         ctx["error"] = admin_state(request).scrub(str(exc))
-        return _render(request, "queue.html", ctx, status, s)
-    return _render(request, "queue.html", ctx, s=s)
+        return render(request, "queue.html", ctx, status, s)
+    return render(request, "queue.html", ctx, s=s)
 
 
 def timeline(msg: MessageOut) -> dict[str, Any]:
@@ -271,10 +282,11 @@ def message_page(
         "reveal": "Revealed.",
     }
     ctx["notice"] = notices.get(done)
-    return _render(request, "message.html", ctx, s=s)
+    return render(request, "message.html", ctx, s=s)
 
 
-def _require_admin(s: Session) -> None:
+def require_admin(s: Session) -> None:
+    """403 unless the session's token is an admin token."""
     if not s.principal.is_admin:
         raise AdminHTTPError(
             403,
@@ -297,8 +309,8 @@ def message_action(
     subscriber: Annotated[str, Form(max_length=200)] = "",
 ) -> Response:
     """Make one action on a message once its confirmation box is ticked."""
-    _check_csrf(s, csrf)
-    _require_admin(s)
+    check_csrf(s, csrf)
+    require_admin(s)
     if action not in _ACTIONS:
         raise AdminHTTPError(404, "not_found", f"no action {action!r}")
     svc = admin_state(request).service
@@ -319,7 +331,7 @@ def message_action(
             raise
         ctx = _message_ctx(request, hub, queue, msg_id)
         ctx["error"] = admin_state(request).scrub(str(exc))
-        return _render(request, "message.html", ctx, status, s)
+        return render(request, "message.html", ctx, status, s)
     url = request.url_for("message_page", hub=hub, queue=queue, msg_id=msg_id)
     return RedirectResponse(f"{url.path}?done={action}", status_code=303)
 
@@ -336,7 +348,7 @@ def redrive_page(
         ctx["result"] = admin_state(request).service.redrive(hub, queue, req, s.principal)
     else:
         admin_state(request).service.hubs.queue(hub, queue)
-    return _render(request, "redrive.html", ctx, s=s)
+    return render(request, "redrive.html", ctx, s=s)
 
 
 @router.post("/hubs/{hub}/queues/{queue}/redrive")
@@ -351,8 +363,8 @@ def redrive_apply(
     reason: Annotated[str, Form(max_length=500)] = "",
 ) -> Response:
     """Re-reveal the subscriber's UNUSABLE messages once confirmed."""
-    _check_csrf(s, csrf)
-    _require_admin(s)
+    check_csrf(s, csrf)
+    require_admin(s)
     svc = admin_state(request).service
     ctx: dict[str, Any] = {"hub": hub, "queue": queue, "subscriber": subscriber}
     if not subscriber:
@@ -362,5 +374,5 @@ def redrive_apply(
     ctx["result"] = svc.redrive(hub, queue, req, s.principal)
     if dry:
         ctx["error"] = "tick the confirmation box to redrive these messages"
-        return _render(request, "redrive.html", ctx, 422, s)
-    return _render(request, "redrive.html", ctx, s=s)
+        return render(request, "redrive.html", ctx, 422, s)
+    return render(request, "redrive.html", ctx, s=s)

@@ -439,24 +439,33 @@ class AdminService:
 
     def purge(self, hub: str, queue: str, req: PurgeRequest, by: Principal) -> PurgeResult:
         """Count (dry run) or purge the messages JOURNALLED longer than ``older_than``."""
+        if req.dry_run:
+            count = len(self.purge_candidates(hub, queue, req.older_than))
+            return PurgeResult(dry_run=True, older_than=req.older_than, count=count)
+        with self.hubs.using(hub):
+            q = self.hubs.queue(hub, queue)
+            count = q.purge(req.older_than)
+            log.info("admin purge on %s/%s by %s: %d purged", hub, queue, by.name, count)
+            return PurgeResult(dry_run=False, older_than=req.older_than, count=count)
+
+    def purge_candidates(self, hub: str, queue: str, older_than: float) -> list[str]:
+        """The msg_ids a purge by ``older_than`` seconds would delete now: the queue's
+        messages whose publisher is JOURNALLED and unchanged for longer than that, oldest
+        put first. Nothing changes."""
         with self.hubs.using(hub) as h:
             q = self.hubs.queue(hub, queue)
-            if not req.dry_run:
-                count = q.purge(req.older_than)
-                log.info("admin purge on %s/%s by %s: %d purged", hub, queue, by.name, count)
-                return PurgeResult(dry_run=False, older_than=req.older_than, count=count)
-            cutoff = h.now_us() - int(req.older_than * 1_000_000)
+            cutoff = h.now_us() - int(older_than * 1_000_000)
             flt = Filter(state=PublisherState.JOURNALLED, until=from_micros(cutoff), limit=_PAGE)
             ids = [s.msg_id for s in _search_all(q, flt)]
             recs = _load_many(h, ids)
-            count = sum(
-                1
-                for r in recs.values()
-                if r.queue == q.name
-                and r.publisher_state is PublisherState.JOURNALLED
-                and r.updated_at < cutoff
-            )
-        return PurgeResult(dry_run=True, older_than=req.older_than, count=count)
+        return [
+            mid
+            for mid in ids
+            if (r := recs.get(mid)) is not None
+            and r.queue == q.name
+            and r.publisher_state is PublisherState.JOURNALLED
+            and r.updated_at < cutoff
+        ]
 
     def recovery(self, req: RecoveryRequest, by: Principal) -> RecoveryResultOut:
         """Plan (dry run) or apply cross-queue recovery between two hubs' queues."""
