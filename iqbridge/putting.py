@@ -414,6 +414,7 @@ class Putting(Subscribing):
         """Create one message unless the index has it; send what the broker lacks."""
         store = self._store
         msg_id = change.msg_id
+        colocated = self.hub.colocated
         for _ in range(CAS_ATTEMPTS):
             try:
                 with store.atomic() if self._shared_txn else contextlib.nullcontext():
@@ -422,6 +423,11 @@ class Putting(Subscribing):
                     except MessageNotFound:
                         rec = None
                     if rec is None:
+                        if colocated is not None:
+                            # The record and the entry in one atomic step, as a first put
+                            # makes them: a kill can never leave one without the other.
+                            colocated.send_indexed(self.name, [env], [change], store)
+                            return
                         if self._shared_txn:
                             change.record.native_ref = self._adapter.send(self.name, [env])[0]
                         store.commit(change)  # StaleRecord: someone created it meanwhile
@@ -436,11 +442,14 @@ class Putting(Subscribing):
                     f"msg_id {msg_id} already names a message of queue {rec.queue!r}, "
                     f"not {self.name!r}; give each message its own id"
                 )
+            if rec.native_ref is None and not self._shared_txn and self._probing is not None:
+                # The broker may hold the entry already: the earlier attempt may have
+                # stopped after the broker took it, before its reference was recorded.
+                self._find_sent({msg_id: rec})
             if rec.native_ref is None and not self._shared_txn:
-                # An earlier attempt stopped between the index and the broker. It may also
-                # have stopped after the broker took the entry but before its reference was
-                # recorded; then the broker gets a second entry, which the once-only rule
-                # makes harmless (see _accept).
+                # An earlier attempt stopped between the index and the broker (or, on a
+                # broker that cannot be asked, after it: then the broker gets a second
+                # entry, which the once-only rule makes harmless, see _accept).
                 sent = dataclasses.replace(env, put_at=rec.created_at)
                 store.set_native_ref(msg_id, self._adapter.send(self.name, [sent])[0])
             return
