@@ -30,6 +30,8 @@ ADAPTERS: dict[str, tuple[str, str | None]] = {
     "amqp": ("iqbridge.adapters.rabbitmq:RabbitMQAdapter", "rabbitmq"),
     "amqps": ("iqbridge.adapters.rabbitmq:RabbitMQAdapter", "rabbitmq"),
     "kafka": ("iqbridge.adapters.kafka:KafkaAdapter", "kafka"),
+    "ibmmq": ("iqbridge.adapters.ibmmq:IbmMqAdapter", "ibmmq"),
+    "oracle+aq": ("iqbridge.adapters.oracle_aq:OracleAQAdapter", "oracle"),
 }
 
 STORES: dict[str, tuple[str, str | None]] = {
@@ -62,9 +64,8 @@ def redact(url: str) -> str:
         return "<unparseable URL>"
     if parts.password is None:
         return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
+    # The text after the last "@" as written: .port raises on a port out of range.
+    host = parts.netloc.rpartition("@")[2]
     user = parts.username or ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 

@@ -1,0 +1,771 @@
+"""An in-process fake of the part of python-oracledb (thin mode) that Oracle AQ uses.
+
+Written from python-oracledb's own code (``src/oracledb/aq.py``, ``constants.py``,
+``errors.py``, ``exceptions.py`` and the AQ samples) and Oracle's ``DBMS_AQ`` /
+``DBMS_AQADM`` documentation, with the real package's names: put it in
+``sys.modules["oracledb"]`` (or hand it to whatever resolves the client module) and code
+written for python-oracledb runs against it unchanged.
+
+What it models, in one process-wide "database" (:func:`database`) shared by every
+connection, each connection with its own uncommitted work, thread-safe:
+
+* ``connect(user=, password=, dsn="host:port/service")``: the listener must be known
+  (:meth:`Database.listen`; otherwise ``OperationalError`` DPY-6005), the service too
+  (ORA-12514) and the user's password (ORA-01017).
+* ``DBMS_AQADM`` through ``cursor().callproc``: ``CREATE_QUEUE_TABLE`` (RAW payloads,
+  ``multiple_consumers``), ``CREATE_QUEUE`` (``max_retries``, ``retention_time``,
+  ``queue_type`` 0 normal / 1 exception), ``START_QUEUE``, ``DROP_QUEUE``; and through
+  ``cursor().execute`` three statements: a block calling ``DBMS_AQADM.ADD_SUBSCRIBER``
+  with a ``SYS.AQ$_AGENT`` (binds: the queue name, then the agent name), a block calling
+  ``DBMS_AQADM.PURGE_QUEUE_TABLE`` (binds ``queue_table`` and ``condition``, a
+  ``qtview.msg_id IN (HEXTORAW('...'), ...)`` condition), and a ``SELECT`` of some of the
+  columns msg_id, queue, msg_state, consumer_name, user_data, corr_id ``FROM AQ$<queue
+  table> WHERE [queue = :q AND] msg_id IN (...)`` (the queue-table view, one row per
+  consumer; dequeued messages appear while retention keeps them).
+* ``Database.stop()`` / ``start()``: the instance goes down (sessions gone, their
+  uncommitted work rolled back: DPY-4011 on their next call, DPY-6005 on connect) and
+  comes back.
+  Anything else raises ``NotImplementedError`` (the fake says what it does not model).
+* ``Connection.queue(name)``: ``enqone``/``enqmany`` (visibility ON_COMMIT or
+  IMMEDIATE; per-message ``recipients`` or the queue's subscribers; ORA-24033 when a
+  multi-consumer message has neither), ``deqone``/``deqmany`` with ``deqoptions``:
+  mode BROWSE, LOCKED, REMOVE; navigation FIRST_MSG / NEXT_MSG; visibility; wait
+  (NO_WAIT returns None, as the driver does when the server answers ORA-25228);
+  ``consumername`` (required on a multi-consumer queue: ORA-25231), ``msgid``,
+  ``correlation`` (with ``%`` and ``_`` wildcards). ``condition`` is not modelled.
+* Delivery order: priority (lower number first), then enqueue order. Messages locked by
+  another connection are skipped. A REMOVE that is rolled back returns the message with
+  ``attempts + 1``; past the queue's ``max_retries`` it moves to the exception queue
+  (the message's ``exceptionq`` or ``AQ$_<queue table>_E``). A message past its
+  ``expiration`` (seconds after it became ready) moves there too.
+* Retention: a message every recipient processed stays in the queue table for the
+  queue's ``retention_time`` (-1: for ever), visible in the ``AQ$`` view, until purged.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import re
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The python-oracledb release whose API the fake models (thin-mode AQ with array
+#: enqueue and dequeue came in 3.1).
+__version__ = "3.1.0"
+
+__all__ = [
+    "Connection",
+    "Database",
+    "DatabaseError",
+    "Error",
+    "MessageProperties",
+    "OperationalError",
+    "connect",
+    "database",
+    "reset",
+]
+
+# --- constants, as src/oracledb/constants.py -------------------------------------------
+
+MSG_PERSISTENT = 1
+DEQ_BROWSE = 1
+DEQ_LOCKED = 2
+DEQ_REMOVE = 3
+DEQ_REMOVE_NODATA = 4
+DEQ_FIRST_MSG = 1
+DEQ_NEXT_TRANSACTION = 2
+DEQ_NEXT_MSG = 3
+DEQ_IMMEDIATE = 1
+DEQ_ON_COMMIT = 2
+DEQ_NO_WAIT = 0
+DEQ_WAIT_FOREVER = 2**32 - 1
+ENQ_IMMEDIATE = 1
+ENQ_ON_COMMIT = 2
+MSG_READY = 0
+MSG_WAITING = 1
+MSG_PROCESSED = 2
+MSG_EXPIRED = 3
+MSG_NO_DELAY = 0
+MSG_NO_EXPIRATION = -1
+
+_STATE_NAMES = {MSG_READY: "READY", MSG_WAITING: "WAIT", MSG_PROCESSED: "PROCESSED"}
+_STATE_NAMES[MSG_EXPIRED] = "EXPIRED"
+
+
+# --- exceptions, as src/oracledb/exceptions.py and errors.py ------------------------------
+
+
+class Error(Exception):
+    """Root of the driver's exceptions."""
+
+
+class InterfaceError(Error):
+    """A misuse of the interface: a call on a closed connection."""
+
+
+class DatabaseError(Error):
+    """An error the database (or the driver talking to it) reported."""
+
+
+class OperationalError(DatabaseError):
+    """The connection failed or broke."""
+
+
+class ProgrammingError(DatabaseError):
+    """A misuse of the API."""
+
+
+class NotSupportedError(DatabaseError):
+    """Something the driver (in this mode) does not do."""
+
+
+class _Error:
+    """The object in ``exc.args[0]``: ``code``, ``full_code``, ``message`` as the driver's."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        self.message = message
+        self.code = code
+        self.offset = 0
+        self.context: str | None = None
+        self.isrecoverable = False
+        self.iswarning = False
+        self.is_session_dead = False
+        pos = message.find(":")
+        self.full_code = message[:pos] if pos > 0 else ""
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _ora(code: int, text: str, cls: type[DatabaseError] = DatabaseError) -> DatabaseError:
+    return cls(_Error(f"ORA-{code:05d}: {text}", code))
+
+
+# --- the database ----------------------------------------------------------------------
+
+
+@dataclass
+class _Consumer:
+    state: int = MSG_READY
+    attempts: int = 0
+    locked_by: int | None = None
+    removing: bool = False  # locked by a REMOVE not yet committed
+    processed_at: float | None = None
+
+
+@dataclass
+class _Message:
+    msgid: bytes
+    seq: int
+    payload: bytes
+    correlation: str | None
+    priority: int
+    enqtime: datetime.datetime
+    ready_at: float
+    expiration: int
+    exceptionq: str | None
+    consumers: dict[str, _Consumer]
+    owner: int | None  # connection id while the enqueue is uncommitted
+
+
+@dataclass
+class _Queue:
+    name: str
+    table: str
+    queue_type: int = 0
+    max_retries: int = 5
+    retention: int = 0
+    enqueue: bool = False
+    dequeue: bool = False
+    subscribers: list[str] = field(default_factory=list)
+    messages: list[_Message] = field(default_factory=list)
+
+
+@dataclass
+class _Table:
+    name: str
+    payload_type: str
+    multiple: bool
+
+
+class Database:
+    """The process-wide database behind every fake connection."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.RLock())
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every queue, user and listener."""
+        self.listeners: set[tuple[str, int]] = set()
+        self.services: set[str] = set()
+        self.users: dict[str, str] = {}
+        self.tables: dict[str, _Table] = {}
+        self.queues: dict[str, _Queue] = {}
+        self._seq = itertools.count(1)
+        self._conn_ids = itertools.count(1)
+        self.up = True
+        self.generation = 0
+
+    def listen(self, host: str, port: int, service: str) -> None:
+        """Accept connections to ``host:port/service``."""
+        with self.cond:
+            self.listeners.add((host.lower(), port))
+            self.services.add(service.upper())
+
+    def stop(self) -> None:
+        """The instance goes down: every session is gone (its uncommitted work rolled
+        back, as instance recovery does) and new connections are refused until
+        :meth:`start`."""
+        with self.cond:
+            self.up = False
+            self.generation += 1
+            for q in list(self.queues.values()):
+                q.messages = [m for m in q.messages if m.owner is None]
+                for m in list(q.messages):
+                    for name, c in m.consumers.items():
+                        was_removing = c.locked_by is not None and c.removing
+                        c.locked_by, c.removing = None, False
+                        if was_removing:
+                            c.attempts += 1
+                            if c.attempts > q.max_retries:
+                                self._to_exception(q, m, name)
+            self.cond.notify_all()
+
+    def start(self) -> None:
+        """The instance is up again (with everything committed before the stop)."""
+        with self.cond:
+            self.up = True
+
+    def add_user(self, user: str, password: str) -> None:
+        """Create a database user (names are case-insensitive, passwords are not)."""
+        with self.cond:
+            self.users[user.upper()] = password
+
+    def queue(self, name: str) -> _Queue:
+        """A queue by (case-insensitive) name; ORA-24010 if there is none."""
+        q = self.queues.get(name.upper())
+        if q is None:
+            raise _ora(24010, f"QUEUE {name.upper()} does not exist")
+        return q
+
+    def reset_consumer(self, queue: str, msgid: bytes, consumer: str) -> None:
+        """Test hook: the consumer's copy is READY again, as if its REMOVE had been rolled
+        back after a crash before the commit (attempts + 1)."""
+        with self.cond:
+            for m in self.queue(queue).messages:
+                if m.msgid == msgid:
+                    c = m.consumers.setdefault(consumer.upper(), _Consumer())
+                    c.state, c.processed_at, c.attempts = MSG_READY, None, c.attempts + 1
+                    c.locked_by, c.removing = None, False
+            self.cond.notify_all()
+
+    def _expire(self, q: _Queue, now: float) -> None:
+        """Move what has expired or is past retention out of the queue."""
+        keep: list[_Message] = []
+        for m in q.messages:
+            if m.expiration >= 0 and m.owner is None and now >= m.ready_at + m.expiration:
+                for name, c in m.consumers.items():
+                    if c.state == MSG_READY and c.locked_by is None:
+                        self._to_exception(q, m, name)
+            done = all(c.state != MSG_READY for c in m.consumers.values())
+            if done and q.retention >= 0:
+                last = max((c.processed_at or 0.0) for c in m.consumers.values())
+                if now >= last + q.retention:
+                    continue
+            keep.append(m)
+        q.messages = keep
+
+    def _to_exception(self, q: _Queue, m: _Message, consumer: str) -> None:
+        c = m.consumers[consumer]
+        c.state, c.processed_at = MSG_EXPIRED, time.monotonic()
+        name = (m.exceptionq or f"AQ$_{q.table}_E").upper()
+        eq = self.queues.get(name)
+        if eq is None:  # the default exception queue exists with every queue table
+            eq = self.queues[name] = _Queue(name, q.table, queue_type=1, dequeue=True)
+        copy = _Message(
+            m.msgid, m.seq, m.payload, m.correlation, m.priority, m.enqtime, m.ready_at, -1,
+            None, {consumer: _Consumer(attempts=c.attempts)}, None,
+        )  # fmt: skip
+        eq.messages.append(copy)
+
+    def release(self, conn_id: int, commit: bool) -> None:
+        """End a connection's transaction."""
+        with self.cond:
+            now = time.monotonic()
+            for q in list(self.queues.values()):
+                kept: list[_Message] = []
+                for m in q.messages:
+                    if m.owner == conn_id:
+                        if not commit:
+                            continue
+                        m.owner = None
+                    for name, c in m.consumers.items():
+                        if c.locked_by != conn_id:
+                            continue
+                        if c.removing and commit:
+                            c.state, c.processed_at = MSG_PROCESSED, now
+                        elif c.removing:
+                            c.attempts += 1
+                            if c.attempts > q.max_retries:
+                                self._to_exception(q, m, name)
+                        c.locked_by, c.removing = None, False
+                    kept.append(m)
+                q.messages = kept
+                self._expire(q, now)
+            self.cond.notify_all()
+
+
+_DB = Database()
+
+
+def database() -> Database:
+    """The process-wide fake database."""
+    return _DB
+
+
+def reset() -> Database:
+    """Forget every queue, user and listener (a fresh database); returns it."""
+    with _DB.cond:
+        _DB.clear()
+    return _DB
+
+
+# --- connections -----------------------------------------------------------------------
+
+_DSN = re.compile(r"^(?P<host>[^:/]+)(?::(?P<port>\d+))?/(?P<service>[\w.$#-]+)$")
+
+
+def connect(
+    dsn: str | None = None, *, user: str | None = None, password: str | None = None, **_: Any
+) -> Connection:
+    """Open a connection (thin mode): ``dsn`` is ``host:port/service_name``."""
+    db = _DB
+    match = _DSN.match(dsn or "")
+    if match is None:
+        raise DatabaseError(_Error(f'DPY-4017: invalid connect descriptor "{dsn}"'))
+    host, port = match["host"].lower(), int(match["port"] or 1521)
+    with db.cond:
+        if (host, port) not in db.listeners or not db.up:
+            raise OperationalError(
+                _Error(
+                    "DPY-6005: cannot connect to database (CONNECTION_ID=fake).\n"
+                    "[Errno 111] Connection refused"
+                )
+            )
+        if match["service"].upper() not in db.services:
+            raise _ora(12514, "Cannot connect to database. Service is not registered")
+        if not user or db.users.get(user.upper()) != password:
+            raise _ora(1017, "invalid credential or not authorized; logon denied")
+        return Connection(db, next(db._conn_ids), user.upper(), db.generation)
+
+
+class MessageProperties:
+    """Message properties, as ``oracledb.MessageProperties``."""
+
+    def __init__(self) -> None:
+        self.payload: Any = None
+        self.correlation: str | None = None
+        self.priority = 0
+        self.delay = MSG_NO_DELAY
+        self.expiration = MSG_NO_EXPIRATION
+        self.exceptionq: str | None = None
+        self.recipients: list[str] = []
+        self.deliverymode = MSG_PERSISTENT
+        self._msgid: bytes | None = None
+        self._attempts = 0
+        self._enqtime: datetime.datetime | None = None
+        self._state = MSG_READY
+
+    @property
+    def msgid(self) -> bytes | None:
+        """The message id the database gave (16 bytes)."""
+        return self._msgid
+
+    @property
+    def attempts(self) -> int:
+        """How often a dequeue of the message was rolled back."""
+        return self._attempts
+
+    @property
+    def enqtime(self) -> datetime.datetime | None:
+        """When it was enqueued."""
+        return self._enqtime
+
+    @property
+    def state(self) -> int:
+        """MSG_READY, MSG_WAITING, MSG_PROCESSED or MSG_EXPIRED."""
+        return self._state
+
+
+class DeqOptions:
+    """Dequeue options, as ``oracledb.DeqOptions``."""
+
+    def __init__(self) -> None:
+        self.mode = DEQ_REMOVE
+        self.navigation = DEQ_NEXT_MSG
+        self.visibility = DEQ_ON_COMMIT
+        self.wait = DEQ_WAIT_FOREVER
+        self.consumername: str | None = None
+        self.msgid: bytes | None = None
+        self.correlation: str | None = None
+        self.condition: str | None = None
+        self.deliverymode = MSG_PERSISTENT
+        self.transformation: str | None = None
+
+
+class EnqOptions:
+    """Enqueue options, as ``oracledb.EnqOptions``."""
+
+    def __init__(self) -> None:
+        self.visibility = ENQ_ON_COMMIT
+        self.deliverymode = MSG_PERSISTENT
+        self.transformation: str | None = None
+
+
+def _like(pattern: str, value: str | None) -> bool:
+    if value is None:
+        return False
+    regex = "".join(".*" if ch == "%" else "." if ch == "_" else re.escape(ch) for ch in pattern)
+    return re.fullmatch(regex, value, re.S) is not None
+
+
+class Queue:
+    """A queue handle, as ``oracledb.Queue`` (RAW payloads only)."""
+
+    def __init__(self, conn: Connection, name: str, payload_type: Any = None) -> None:
+        if payload_type not in (None, "RAW"):
+            raise NotImplementedError("the fake models RAW queues only")
+        self.connection = conn
+        self.name = name
+        self.payload_type = None
+        self.deqoptions = DeqOptions()
+        self.enqoptions = EnqOptions()
+        self._last: tuple[int, int] | None = None
+
+    def enqone(self, message: MessageProperties) -> None:
+        """Enqueue one message."""
+        self.enqmany([message])
+
+    def enqmany(self, messages: Sequence[MessageProperties]) -> None:
+        """Enqueue messages in order (one round trip)."""
+        conn = self.connection
+        db = conn._live()
+        with db.cond:
+            q = db.queue(self.name)
+            if not q.enqueue:
+                raise _ora(25207, f"enqueue failed, queue {conn.user}.{q.name} is disabled")
+            table = db.tables[q.table]
+            if len(messages) > 1 and self.enqoptions.visibility == ENQ_IMMEDIATE:
+                raise NotSupportedError(
+                    _Error("DPY-3000: ENQ_IMMEDIATE with enqmany() is supported in Thick mode only")
+                )
+            for props in messages:
+                if not isinstance(props.payload, bytes | bytearray | str):
+                    raise ProgrammingError(_Error("DPY-2062: payload must be bytes or str"))
+                payload = (
+                    props.payload.encode() if isinstance(props.payload, str) else props.payload
+                )
+                if len(payload) > 32767:
+                    raise _ora(25323, "payload too large for a RAW queue (32767 bytes)")
+                names = [r.upper() for r in props.recipients] or list(q.subscribers)
+                if table.multiple and not names:
+                    raise _ora(24033, "no recipients for message")
+                if not table.multiple:
+                    names = [""]
+                now = time.monotonic()
+                m = _Message(
+                    uuid.uuid4().bytes, next(db._seq), bytes(payload), props.correlation,
+                    props.priority, datetime.datetime.now(datetime.UTC),
+                    now + max(props.delay, 0), props.expiration, props.exceptionq,
+                    {n: _Consumer() for n in dict.fromkeys(names)},
+                    None if self.enqoptions.visibility == ENQ_IMMEDIATE else conn._id,
+                )  # fmt: skip
+                q.messages.append(m)
+                props._msgid, props._enqtime = m.msgid, m.enqtime
+            db.cond.notify_all()
+
+    def deqone(self) -> MessageProperties | None:
+        """Dequeue one message, or None when none is there (DEQ_NO_WAIT or wait over)."""
+        got = self.deqmany(1)
+        return got[0] if got else None
+
+    def deqmany(self, max_num_messages: int) -> list[MessageProperties]:
+        """Dequeue up to ``max_num_messages`` messages."""
+        opts = self.deqoptions
+        if opts.condition:
+            raise NotImplementedError("the fake does not model dequeue conditions")
+        wait = opts.wait
+        deadline = time.monotonic() + (60.0 if wait == DEQ_WAIT_FOREVER else float(wait))
+        db = self.connection._live()
+        with db.cond:
+            while True:
+                out = self._take(db, max_num_messages)
+                remaining = deadline - time.monotonic()
+                if out or remaining <= 0:
+                    return out
+                db.cond.wait(min(remaining, 0.05))
+
+    def _take(self, db: Database, count: int) -> list[MessageProperties]:
+        opts = self.deqoptions
+        q = db.queue(self.name)
+        if not q.dequeue:
+            raise _ora(25226, f"dequeue failed, queue {q.name} is not enabled for dequeue")
+        multiple = db.tables[q.table].multiple and q.queue_type == 0
+        consumer = (opts.consumername or "").upper()
+        if multiple and not consumer:
+            raise _ora(25231, "cannot dequeue because CONSUMER_NAME not specified")
+        now = time.monotonic()
+        db._expire(q, now)
+        me = self.connection._id
+        if opts.navigation == DEQ_FIRST_MSG:
+            self._last = None
+        if opts.msgid is not None and not any(m.msgid == opts.msgid for m in q.messages):
+            raise _ora(25263, f"no message in queue {q.name} with message ID {opts.msgid.hex()}")
+        order = sorted(q.messages, key=lambda m: (m.priority, m.seq))
+        out: list[MessageProperties] = []
+        for m in order:
+            if len(out) >= count:
+                break
+            key = (m.priority, m.seq)
+            if opts.mode == DEQ_BROWSE and self._last is not None and key <= self._last:
+                continue
+            if m.owner not in (None, me) or m.ready_at > now:
+                continue
+            if opts.msgid is not None and m.msgid != opts.msgid:
+                continue
+            if opts.correlation and not _like(opts.correlation, m.correlation):
+                continue
+            name = consumer if multiple else next(iter(m.consumers), "")
+            if not multiple and consumer and name not in m.consumers:
+                name = next(iter(m.consumers))
+            c = m.consumers.get(name)
+            if c is None or c.state != MSG_READY:
+                continue
+            if opts.mode != DEQ_BROWSE:
+                if c.locked_by not in (None, me) or (c.locked_by == me and c.removing):
+                    continue
+                if opts.mode == DEQ_LOCKED:
+                    c.locked_by = me
+                elif opts.visibility == DEQ_IMMEDIATE:
+                    c.state, c.processed_at, c.locked_by = MSG_PROCESSED, now, None
+                else:
+                    c.locked_by, c.removing = me, True
+            self._last = key
+            props = self._props(m, c)
+            if opts.mode == DEQ_REMOVE_NODATA:
+                props.payload = None
+            out.append(props)
+        return out
+
+    @staticmethod
+    def _props(m: _Message, c: _Consumer) -> MessageProperties:
+        props = MessageProperties()
+        props.payload, props.correlation, props.priority = m.payload, m.correlation, m.priority
+        props.expiration, props.exceptionq = m.expiration, m.exceptionq
+        props.recipients = list(m.consumers)
+        props._msgid, props._attempts, props._enqtime = m.msgid, c.attempts, m.enqtime
+        props._state = c.state
+        return props
+
+
+_SUBSCRIBER = re.compile(r"DBMS_AQADM\.ADD_SUBSCRIBER\s*\(", re.I)
+_PURGE = re.compile(r"DBMS_AQADM\.PURGE_QUEUE_TABLE\s*\(", re.I)
+_VIEW = re.compile(r"^\s*SELECT\s+(?P<cols>.+?)\s+FROM\s+\"?AQ\$(?P<table>\w+)\"?\s+WHERE\s+"
+                   r"(?:queue\s*=\s*:\w+\s+AND\s+)?msg_id\s+IN\s*\((?P<binds>[^)]*)\)\s*$",
+                   re.I | re.S)  # fmt: skip
+_HEX = re.compile(r"HEXTORAW\('([0-9A-Fa-f]+)'\)")
+_VIEW_COLS = ("msg_id", "queue", "msg_state", "consumer_name", "user_data", "corr_id")
+
+
+class Cursor:
+    """A cursor: ``callproc`` for DBMS_AQADM and the few statements listed in the module."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.connection = conn
+        self._rows: list[tuple[Any, ...]] = []
+
+    def __enter__(self) -> Cursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def callproc(
+        self,
+        name: str,
+        parameters: Sequence[Any] = (),
+        keyword_parameters: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Call a DBMS_AQADM procedure (keyword parameters, as the documentation names them)."""
+        kw = {k.lower(): v for k, v in (keyword_parameters or {}).items()}
+        db = self.connection._live()
+        proc = name.upper()
+        with db.cond:
+            if proc == "DBMS_AQADM.CREATE_QUEUE_TABLE":
+                table = str(kw["queue_table"]).upper()
+                if table in db.tables:
+                    raise _ora(24001, f"cannot create QUEUE_TABLE, {table} already exists")
+                payload = str(kw.get("queue_payload_type", "RAW")).upper()
+                if payload != "RAW":
+                    raise NotImplementedError("the fake models RAW queue tables only")
+                db.tables[table] = _Table(table, payload, bool(kw.get("multiple_consumers")))
+                exc = f"AQ$_{table}_E"
+                db.queues[exc] = _Queue(exc, table, queue_type=1, dequeue=True)
+            elif proc == "DBMS_AQADM.CREATE_QUEUE":
+                qname = str(kw["queue_name"]).upper()
+                table = str(kw["queue_table"]).upper()
+                if table not in db.tables:
+                    raise _ora(24002, f"QUEUE_TABLE {table} does not exist")
+                if qname in db.queues:
+                    raise _ora(24006, f"cannot create QUEUE, {qname} already exists")
+                db.queues[qname] = _Queue(
+                    qname, table, queue_type=int(kw.get("queue_type", 0)),
+                    max_retries=int(kw.get("max_retries", 5)),
+                    retention=int(kw.get("retention_time", 0)),
+                )  # fmt: skip
+            elif proc == "DBMS_AQADM.START_QUEUE":
+                q = db.queue(str(kw["queue_name"]))
+                q.enqueue = q.queue_type == 0 and bool(kw.get("enqueue", True))
+                q.dequeue = bool(kw.get("dequeue", True))
+            elif proc == "DBMS_AQADM.DROP_QUEUE":
+                db.queues.pop(db.queue(str(kw["queue_name"])).name)
+            else:
+                raise NotImplementedError(f"the fake does not model {name}")
+        return list(parameters)
+
+    def execute(self, statement: str, parameters: Any = None) -> Cursor:
+        """Run one of the statements the module docstring lists."""
+        params = parameters or {}
+        db = self.connection._live()
+        with db.cond:
+            if _SUBSCRIBER.search(statement):
+                values = list(params.values()) if isinstance(params, dict) else list(params)
+                q = db.queue(str(values[0]))
+                name = str(values[1]).upper()
+                if not db.tables[q.table].multiple:
+                    raise _ora(24039, f"Queue {q.name} not created for multiple consumers")
+                if name in q.subscribers:
+                    raise _ora(24034, f"application {name} is already a subscriber for {q.name}")
+                q.subscribers.append(name)
+            elif _PURGE.search(statement):
+                table = str(params["queue_table"]).upper()
+                ids = {bytes.fromhex(h) for h in _HEX.findall(str(params["condition"]))}
+                for q in db.queues.values():
+                    if q.table == table:
+                        q.messages = [m for m in q.messages if m.msgid not in ids]
+            elif match := _VIEW.match(statement):
+                self._rows = self._view(db, match, params)
+            else:
+                raise NotImplementedError(f"the fake does not model: {statement.strip()[:80]}")
+        return self
+
+    def _view(self, db: Database, match: re.Match[str], params: Any) -> list[tuple[Any, ...]]:
+        cols = [c.strip().lower() for c in match["cols"].split(",")]
+        if any(c not in _VIEW_COLS for c in cols):
+            raise NotImplementedError(f"the fake's AQ$ view has the columns {_VIEW_COLS}")
+        table = match["table"].upper()
+        if table not in db.tables:
+            raise _ora(942, "table or view does not exist")
+        values = params if isinstance(params, list | tuple) else list(params.values())
+        wanted = {bytes(v) for v in values if isinstance(v, bytes | bytearray)}
+        queue_name = next((str(v).upper() for v in values if isinstance(v, str)), None)
+        rows: list[tuple[Any, ...]] = []
+        for q in db.queues.values():
+            if q.table != table or (queue_name is not None and q.name != queue_name):
+                continue
+            db._expire(q, time.monotonic())
+            for m in q.messages:
+                if m.msgid not in wanted or m.owner is not None:
+                    continue
+                for name, c in m.consumers.items():
+                    row = {
+                        "msg_id": m.msgid, "queue": q.name, "msg_state": _STATE_NAMES[c.state],
+                        "consumer_name": name or None, "user_data": m.payload,
+                        "corr_id": m.correlation,
+                    }  # fmt: skip
+                    rows.append(tuple(row[c] for c in cols))
+        return rows
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        """The rows of the last query."""
+        rows, self._rows = self._rows, []
+        return rows
+
+
+class Connection:
+    """A connection (one session), as ``oracledb.Connection``."""
+
+    def __init__(self, db: Database, conn_id: int, user: str, generation: int = 0) -> None:
+        self._db: Database | None = db
+        self._id = conn_id
+        self._generation = generation
+        self.user = user
+        self.autocommit = False
+
+    def _live(self) -> Database:
+        if self._db is None:
+            raise InterfaceError(_Error("DPY-1001: not connected to database"))
+        if self._db.generation != self._generation:
+            err = _Error("DPY-4011: the database or network closed the connection")
+            err.is_session_dead = err.isrecoverable = True
+            raise DatabaseError(err)
+        return self._db
+
+    def queue(self, name: str, payload_type: Any = None) -> Queue:
+        """A handle on a queue (it need not exist yet: enqueue and dequeue say ORA-24010)."""
+        self._live()
+        return Queue(self, name, payload_type)
+
+    def msgproperties(
+        self,
+        payload: Any = None,
+        correlation: str | None = None,
+        delay: int | None = None,
+        exceptionq: str | None = None,
+        expiration: int | None = None,
+        priority: int | None = None,
+        recipients: list[str] | None = None,
+    ) -> MessageProperties:
+        """New message properties."""
+        props = MessageProperties()
+        props.payload, props.correlation, props.exceptionq = payload, correlation, exceptionq
+        if delay is not None:
+            props.delay = delay
+        if expiration is not None:
+            props.expiration = expiration
+        if priority is not None:
+            props.priority = priority
+        props.recipients = list(recipients or [])
+        return props
+
+    def cursor(self) -> Cursor:
+        """A cursor on this connection."""
+        self._live()
+        return Cursor(self)
+
+    def commit(self) -> None:
+        """Make this session's enqueues and removals permanent; release its locks."""
+        self._live().release(self._id, commit=True)
+
+    def rollback(self) -> None:
+        """Undo this session's enqueues; give back what it dequeued (attempts + 1)."""
+        self._live().release(self._id, commit=False)
+
+    def ping(self) -> None:
+        """Check the connection."""
+        self._live()
+
+    def close(self) -> None:
+        """Roll back and close."""
+        db = self._live()
+        db.release(self._id, commit=False)
+        self._db = None

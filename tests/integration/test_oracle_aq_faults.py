@@ -1,0 +1,162 @@
+"""Oracle AQ with bad input and faults, against the fake python-oracledb.
+
+Each fault is a typed iqbridge error that names the problem and the fix, with the driver
+exception kept as its cause, never a raw driver error; the password appears nowhere
+(message, log, ``hub.adapter.url``).
+
+* the driver is not installed: ConfigurationError naming ``pip install 'iqbridge[oracle]'``;
+  one older than 3.1 (no thin-mode array AQ): ConfigurationError naming the version
+* a wrong URL (no user, no service, a bad port, an unknown option, a bad number, no
+  password in the URL nor in the environment): ConfigurationError naming what was wrong
+* the server cannot be reached (DPY-6005) or the service is unknown (ORA-12514):
+  BrokerUnavailable
+* the password is wrong (ORA-01017): ConfigurationError naming the user and where the
+  password comes from
+* the queue was dropped behind the hub's back (ORA-24010): UnknownQueueError naming the
+  queue and how to create it
+* a payload over AQ's RAW limit: MessageTooLarge
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+
+import iqbridge
+from iqbridge.adapters.oracle_aq import OracleAQAdapter
+from iqbridge.errors import (
+    BrokerUnavailable,
+    ConfigurationError,
+    IQError,
+    MessageTooLarge,
+    UnknownQueueError,
+)
+from iqbridge.testing.fakes import oracledb as fake_oracledb
+from tests.oracle_helpers import PASSWORD, URL, fake_oracle_fixture  # noqa: F401 (a fixture)
+
+pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("fake_oracle")]
+
+
+def _fails(url: str, caplog: pytest.LogCaptureFixture) -> IQError:
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(IQError) as info:
+        iqbridge.connect(url, index="memory://")
+    err = info.value
+    assert PASSWORD not in str(err) and PASSWORD not in caplog.text
+    assert "Traceback" not in str(err)
+    return err
+
+
+def test_missing_driver_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "oracledb", None)  # as if not installed
+    err = _fails(URL, caplog)
+    assert isinstance(err, ConfigurationError)
+    assert "pip install 'iqbridge[oracle]'" in str(err)
+    assert isinstance(err.__cause__, ModuleNotFoundError)
+
+
+def test_too_old_driver_names_the_version(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(fake_oracledb, "__version__", "2.5.1")
+    err = _fails(URL, caplog)
+    assert isinstance(err, ConfigurationError)
+    assert "python-oracledb 3.1 or later" in str(err) and "not 2.5.1" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("oracle+aq://oracle.test:1521/FREEPDB1", "oracle+aq://user@host"),
+        (f"oracle+aq://iq:{PASSWORD}@oracle.test:1521", "name the database service"),
+        (f"oracle+aq://iq:{PASSWORD}@oracle.test:99999/FREEPDB1", "bad host or port"),
+        (f"{URL}?colour=blue", "unknown option(s) ['colour']"),
+        (f"{URL}?max_retries=many", "max_retries must be an integer"),
+        (f"{URL}?retention=-5", "retention must be an integer >= -1"),
+        (f"{URL}?prefix=1x", "prefix must be a letter"),
+        ("oracle+aq://iq@oracle.test:1521/FREEPDB1", "$IQBRIDGE_ORACLE_PASSWORD"),
+    ],
+)
+def test_wrong_url_is_a_configuration_error(
+    url: str, says: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("IQBRIDGE_ORACLE_PASSWORD", raising=False)
+    err = _fails(url, caplog)
+    assert isinstance(err, ConfigurationError)
+    assert says in str(err)
+
+
+def test_password_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AQ_PW", PASSWORD)
+    with iqbridge.connect(
+        "oracle+aq://iq@oracle.test:1521/FREEPDB1?password_env=AQ_PW", index="memory://"
+    ) as hub:
+        q = hub.queue("orders")
+        msg_id = q.put(b"x", to=["a"])
+        with q.get("a") as d:
+            assert d.msg_id == msg_id
+        assert PASSWORD not in hub.adapter.url
+
+
+def test_unreachable_server(caplog: pytest.LogCaptureFixture) -> None:
+    err = _fails(f"oracle+aq://iq:{PASSWORD}@elsewhere.test:1521/FREEPDB1", caplog)
+    assert isinstance(err, BrokerUnavailable)
+    assert "cannot reach Oracle at oracle+aq://iq@elsewhere.test:1521/FREEPDB1" in str(err)
+    assert "DPY-6005" in str(err) and "database up" in str(err)
+    assert isinstance(err.__cause__, fake_oracledb.OperationalError)
+
+
+def test_unknown_service(caplog: pytest.LogCaptureFixture) -> None:
+    err = _fails(f"oracle+aq://iq:{PASSWORD}@oracle.test:1521/NOPE", caplog)
+    assert isinstance(err, BrokerUnavailable)
+    assert "ORA-12514" in str(err) and "service name" in str(err)
+
+
+def test_wrong_password(caplog: pytest.LogCaptureFixture) -> None:
+    err = _fails("oracle+aq://iq:wrong@oracle.test:1521/FREEPDB1", caplog)
+    assert isinstance(err, ConfigurationError)
+    assert "refused the login of 'iq'" in str(err) and "ORA-01017" in str(err)
+    assert "password" in str(err) and "wrong" not in str(err).replace("wrong@", "")
+    assert isinstance(err.__cause__, fake_oracledb.DatabaseError)
+
+
+def test_queue_dropped_behind_the_hubs_back(fake_oracle: fake_oracledb.Database) -> None:
+    with iqbridge.connect(URL, index="memory://") as hub:
+        q = hub.queue("orders")
+        adapter = hub.adapter
+        assert isinstance(adapter, OracleAQAdapter)
+        operator = fake_oracledb.connect(user="iq", password=PASSWORD, dsn="oracle.test/FREEPDB1")
+        operator.cursor().callproc(
+            "DBMS_AQADM.DROP_QUEUE", keyword_parameters={"queue_name": adapter.queue_name("orders")}
+        )
+        with pytest.raises(UnknownQueueError) as info:
+            q.put(b"x", to=["a"])
+        text = str(info.value)
+        assert "'orders'" in text and "ORA-24010" in text and "DBMS_AQADM" in text
+        assert isinstance(info.value.__cause__, fake_oracledb.DatabaseError)
+        q = hub.queue("orders")  # declares it again, as the message says
+        msg_id = q.put(b"x", to=["a"])
+        with q.get("a") as d:
+            assert d.msg_id == msg_id
+
+
+def test_undeclared_queue_on_the_adapter() -> None:
+    adapter = OracleAQAdapter.from_url(URL)
+    try:
+        with pytest.raises(UnknownQueueError, match="ORA-24010"):
+            adapter.receive("never-declared", "a", "a", count=1, timeout=0)
+    finally:
+        adapter.close()
+
+
+def test_payload_over_the_raw_limit() -> None:
+    with iqbridge.connect(URL, index="memory://") as hub:
+        q = hub.queue("big")
+        limit = hub.adapter.capabilities.max_payload_bytes
+        q.put(b"x" * limit, to=["a"])
+        with pytest.raises(MessageTooLarge):
+            q.put(b"x" * (limit + 1), to=["a"])
