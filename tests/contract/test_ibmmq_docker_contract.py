@@ -21,23 +21,13 @@ import pytest
 import iqbridge
 import tests.contract.test_ibmmq_contract as on_fake
 from iqbridge.adapters.ibmmq import IbmMqAdapter
+from tests.docker_helpers import docker_missing
 
 pytestmark = [pytest.mark.ibmmq, pytest.mark.docker]
 
 #: IBM MQ Advanced for Developers.
 IMAGE = "icr.io/ibm-messaging/mq:latest"
 PASSWORD = "passw0rd"
-
-
-def _docker_missing() -> str | None:
-    """Why no Docker engine can be used here, or None when one answers."""
-    try:
-        import docker
-
-        docker.from_env(timeout=5).ping()
-    except Exception as exc:  # no client package, no socket, no engine: all the same here
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 def _client_missing() -> str | None:
@@ -49,7 +39,7 @@ def _client_missing() -> str | None:
     return None
 
 
-_WHY = _docker_missing()
+_WHY = docker_missing()
 if _WHY is not None:
     pytest.skip(
         f"no Docker engine answers ({_WHY}); the live IBM MQ suite runs where one does",

@@ -11,6 +11,7 @@ import pytest
 
 import iqbridge
 import tests.contract.test_kafka_contract as on_tansu
+from tests.docker_helpers import docker_missing
 from tests.kafka_helpers import FAST_GROUPS
 
 pytestmark = [pytest.mark.kafka, pytest.mark.docker]
@@ -19,18 +20,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.docker]
 IMAGE = "confluentinc/cp-kafka:7.6.0"
 
 
-def _docker_missing() -> str | None:
-    """Why no Docker engine can be used here, or None when one answers."""
-    try:
-        import docker
-
-        docker.from_env(timeout=5).ping()
-    except Exception as exc:  # no client package, no socket, no engine: all the same here
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-_WHY = _docker_missing()
+_WHY = docker_missing()
 if _WHY is not None:
     pytest.skip(
         f"no Docker engine answers ({_WHY}); the Apache Kafka suite runs where one does",

@@ -22,6 +22,7 @@ from iqbridge.adapters.oracle_aq import OracleAQAdapter
 from iqbridge.queue import Queue
 from iqbridge.stores.memory import MemoryStore
 from iqbridge.testing.adapter_contract import AdapterContract
+from tests.docker_helpers import docker_missing
 
 pytestmark = [pytest.mark.oracle, pytest.mark.docker]
 
@@ -30,18 +31,7 @@ IMAGE = "gvenzl/oracle-free:slim-faststart"
 USER, PASSWORD, SYS_PASSWORD = "iq", "iq-Test-1", "Sys-Test-1"
 
 
-def _docker_missing() -> str | None:
-    """Why no Docker engine can be used here, or None when one answers."""
-    try:
-        import docker
-
-        docker.from_env(timeout=5).ping()
-    except Exception as exc:  # no client package, no socket, no engine: all the same here
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-_WHY = _docker_missing()
+_WHY = docker_missing()
 if _WHY is not None:
     pytest.skip(
         f"no Docker engine answers ({_WHY}); the live Oracle AQ suite runs where one does",
