@@ -57,6 +57,7 @@ from iqbridge.errors import BrokerUnavailable, IQError
 from iqbridge.model import Envelope, Received
 from iqbridge.stores.sqlite import SqliteStore
 
+from .ibmmq_inventory import IbmMqInventory  # noqa: TID251
 from .ibmmq_link import Conn, Held, Unit, client_module  # noqa: TID251
 from .ibmmq_wire import (  # noqa: TID251
     DEFAULT_MAX_PAYLOAD,
@@ -84,8 +85,9 @@ _PROP_BUFFER = 64 * 1024
 _MISSING_FOR = 1.0
 
 
-class IbmMqAdapter:
-    """Adapter over an IBM MQ queue manager (client connection)."""
+class IbmMqAdapter(IbmMqInventory):
+    """Adapter over an IBM MQ queue manager (client connection); lists its queues for
+    reconciliation through :class:`~iqbridge.adapters.ibmmq_inventory.IbmMqInventory`."""
 
     def __init__(self, mod: Any, settings: Settings, *, url: str) -> None:
         from iqbridge.registry import redact
@@ -108,6 +110,7 @@ class IbmMqAdapter:
         self._declared: set[str] = set()
         #: Group queues found missing by a receive, until when not to look again.
         self._missing: dict[str, float] = {}
+        self._tracked = {}
         self._closed = False
 
     @classmethod

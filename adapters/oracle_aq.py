@@ -59,6 +59,8 @@ from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope, Received
 from iqbridge.registry import redact
 
+from .oracle_aq_inventory import OracleAQInventory  # noqa: TID251
+
 __all__ = ["OracleAQAdapter", "client_module"]
 
 log = logging.getLogger(__name__)
@@ -235,8 +237,9 @@ class _Held:
     done: set[str] = field(default_factory=set)
 
 
-class OracleAQAdapter:
-    """Adapter over Oracle AQ through python-oracledb (thin mode)."""
+class OracleAQAdapter(OracleAQInventory):
+    """Adapter over Oracle AQ through python-oracledb (thin mode); lists its queues for
+    reconciliation (:mod:`iqbridge.adapters.oracle_aq_inventory`)."""
 
     def __init__(self, settings: _Settings, client: Any | None = None) -> None:
         self.settings = settings

@@ -32,6 +32,19 @@ never changed here except by adoption, which goes through the state engine like 
 Checks a broker cannot answer are reported as :class:`Note` rows (RabbitMQ cannot list
 a queue without consuming it; the embedded SQLite queue keeps no acknowledgement of its
 own: the index is the only one).
+
+Three optional attributes of an inventory, read with ``getattr`` (absent: the default):
+
+* ``hides_in_flight = True``: a browse cannot see an entry under another connection's
+  open get (IBM MQ's uncommitted MQGET). A member the index has in doubt (GET, FETCHED,
+  IN_PROCESS) is then never reported as ``missing payload`` or ``acked on broker``: its
+  entry may just be in flight;
+* ``track_groups(queue, groups)``: told every consumer group of the queue (standing
+  subscriptions and those in the records) before the listing, for a broker that keeps
+  one queue per group and cannot list them by the iqbridge queue's name (IBM MQ);
+* ``put_back(queue, group, env)``: puts a copy of a message back for one group alone
+  (same native reference), used instead of putting it again for every group when the
+  broker cannot redeliver the entry and the payload comes from the retained copy.
 """
 
 from __future__ import annotations
@@ -166,6 +179,8 @@ class _Run:
     repair: bool
     adopt: bool
     inventory: Inventory | None
+    #: The broker hides entries under an open get from a listing (``hides_in_flight``).
+    hides: bool = False
     records: dict[str, MessageRecord] = field(default_factory=dict)
     entries: list[Entry] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
@@ -186,6 +201,7 @@ def reconcile(
     adapter = queue.hub.adapter
     inventory = adapter if isinstance(adapter, Inventory) else None
     run = _Run(queue, repair, adopt, inventory)
+    run.hides = bool(getattr(inventory, "hides_in_flight", False))
     _load_records(run, limit)
     if inventory is None:
         why = (
@@ -195,6 +211,9 @@ def reconcile(
         )
         run.notes.extend(Note(c, why) for c in Check)
         return _report(run, None)
+    track = getattr(inventory, "track_groups", None)
+    if callable(track):
+        track(queue.name, sorted(_all_groups(run)))
     run.entries = list(inventory.entries(queue.name))
     _check_entries(run)
     _check_payloads(run)
@@ -283,11 +302,16 @@ def _group_views(run: _Run) -> dict[str, Unacked | None]:
     broker's view of it."""
     inventory = run.inventory
     assert inventory is not None
+    return {g: inventory.unacked(run.name, g) for g in sorted(_all_groups(run))}
+
+
+def _all_groups(run: _Run) -> set[str]:
+    """Every consumer group of the queue: standing, remembered, in records."""
     subs = run.queue.subscriptions()
     groups = {*subs.subscribers, *(p.name for p in (*subs.pools, *subs.adhoc_pools))}
     for rec in run.records.values():
         groups.update(_groups(rec))
-    return {g: inventory.unacked(run.name, g) for g in sorted(groups)}
+    return groups
 
 
 def _strangers(run: _Run, strangers: Sequence[Entry]) -> None:
@@ -374,6 +398,8 @@ def _check_payloads(run: _Run) -> None:
     for rec in run.records.values():
         if not _in_use(rec):
             continue
+        if run.hides and any(m.state in IN_DOUBT for m in rec.members.values()):
+            continue  # its entry may be under an open get, which a listing cannot see
         if rec.native_ref is None:
             ref = by_id.get(rec.msg_id)
             if ref is not None:
@@ -415,12 +441,19 @@ def _missing(run: _Run, recs: Sequence[MessageRecord]) -> None:
         back = {r.msg_id for r, env in zip(refd, there, strict=True) if env is not None}
         recs = [r for r in recs if r.msg_id not in back]
     kept = store.retained([r.msg_id for r in recs]) if recs else {}
+    put_back = getattr(run.inventory, "put_back", None)
     for rec in recs:
         copy = kept.get(rec.msg_id)
         done = False
         ref = rec.native_ref
         if copy is None:
             fix = "no retained copy: cannot repair"
+        elif run.repair and ref is not None and callable(put_back):
+            # One copy per group still to finish it, same reference: no duplicates.
+            groups = sorted({g for g, names in _groups(rec).items() if not _finished(rec, names)})
+            for group in groups:
+                put_back(run.name, group, rec.envelope(copy))
+            done, fix = True, f"put back from the retained copy for {', '.join(groups)}"
         elif run.repair:
             ref = _reput(run, rec, rec.envelope(copy))
             done, fix = True, f"put back from the retained copy as {ref}"
@@ -461,10 +494,13 @@ def _groups(rec: MessageRecord) -> dict[str, list[str]]:
     return out
 
 
-def _stuck(rec: MessageRecord, names: Iterable[str]) -> list[str]:
+def _stuck(rec: MessageRecord, names: Iterable[str], hides: bool = False) -> list[str]:
     """Members AVAILABLE or in doubt on their first attempt (a given-back one, attempt 2
-    or later, is delivered through the index whatever the broker acknowledged)."""
-    return [n for n in names if rec.members[n].state in _OPEN and rec.members[n].attempt == 1]
+    or later, is delivered through the index whatever the broker acknowledged). Where the
+    broker hides entries under an open get (``hides``), a member in doubt is not: the
+    listing cannot tell its get in flight from an acknowledgement."""
+    open_ = {S.AVAILABLE} if hides else _OPEN
+    return [n for n in names if rec.members[n].state in open_ and rec.members[n].attempt == 1]
 
 
 def _finished(rec: MessageRecord, names: Iterable[str]) -> bool:
@@ -490,7 +526,7 @@ def _check_states(run: _Run) -> None:
         for group in _groups(rec):
             if group not in views:
                 views[group] = inventory.unacked(run.name, group)
-    suspects = [r.msg_id for r in recs if _contradicted(r, views)]
+    suspects = [r.msg_id for r in recs if _contradicted(r, views, run.hides)]
     if not suspects:
         return
     # Decided again on fresh reads: a consumer may have moved on since the first one.
@@ -502,13 +538,13 @@ def _check_states(run: _Run) -> None:
             _state_findings(run, again, views)
 
 
-def _contradicted(rec: MessageRecord, views: dict[str, Unacked | None]) -> bool:
+def _contradicted(rec: MessageRecord, views: dict[str, Unacked | None], hides: bool) -> bool:
     ref = rec.native_ref or ""
     for group, names in _groups(rec).items():
         view = views.get(group)
         if view is None:
             continue
-        if (view.acked(ref) and _stuck(rec, names)) or (
+        if (view.acked(ref) and _stuck(rec, names, hides)) or (
             ref in view.pending and _finished(rec, names)
         ):
             return True
@@ -523,7 +559,7 @@ def _state_findings(run: _Run, rec: MessageRecord, views: dict[str, Unacked | No
         view = views.get(group)
         if view is None:
             continue
-        stuck = _stuck(rec, names)
+        stuck = _stuck(rec, names, run.hides)
         if view.acked(ref) and stuck:
             done, fix = False, "deliver it to the group again"
             if run.repair:
@@ -578,6 +614,10 @@ def _give_back(run: _Run, rec: MessageRecord, group: str, ref: str) -> tuple[boo
             env = rec.envelope(copy) if copy is not None else None
         if env is None:
             return False, "needs an operator: no redelivery on this broker, no retained copy"
+        put_back = getattr(inventory, "put_back", None)
+        if callable(put_back):
+            put_back(run.name, group, env)
+            return True, "put back for the group from the retained copy"
         return True, f"put on the broker again as {_reput(run, rec, env)}"
     except IQError as exc:
         return False, f"needs an operator: the broker refused a redelivery: {exc}"

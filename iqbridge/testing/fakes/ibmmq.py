@@ -28,7 +28,8 @@ real queue manager does:
   (MQPMO_SYNCPOINT: visible only after commit; ``OriginalMsgHandle``: the properties);
 * MQGET with an MD and a GMO: destructive or MQGMO_BROWSE_FIRST / MQGMO_BROWSE_NEXT (a
   browse cursor per open handle) with MQGMO_LOCK / MQGMO_UNLOCK (a locked message is
-  hidden from every other handle), MQGMO_MSG_UNDER_CURSOR, MQGMO_WAIT with WaitInterval,
+  hidden from every other handle; MQGMO_UNLOCK without a lock is the warning 2209
+  MQRC_NO_MSG_LOCKED), MQGMO_MSG_UNDER_CURSOR, MQGMO_WAIT with WaitInterval,
   2033 MQRC_NO_MSG_AVAILABLE; matching by MsgId and CorrelId (``MatchOptions``; an
   all-zero field matches anything); expired messages are discarded, never returned; the
   returned MD carries the remaining Expiry and the BackoutCount; ``MsgHandle`` with
@@ -626,7 +627,8 @@ class Queue:
         deadline = time.monotonic() + (1e9 if gmo.WaitInterval == CMQC.MQWI_UNLIMITED else wait)
         with qm.cond:
             if options & CMQC.MQGMO_UNLOCK and not browse:
-                self._unlock(qm)
+                if not self._unlock(qm):  # a warning, raised as the client raises those
+                    raise MQMIError(CMQC.MQCC_WARNING, CMQC.MQRC_NO_MSG_LOCKED)
                 return b""
             need, reason = (
                 (CMQC.MQOO_BROWSE, CMQC.MQRC_NOT_OPEN_FOR_BROWSE)
@@ -674,12 +676,16 @@ class Queue:
                     q.msgs.remove(m)
             return m.body if max_length is None else m.body[:max_length]
 
-    def _unlock(self, qm: FakeQueueManager) -> None:
+    def _unlock(self, qm: FakeQueueManager) -> bool:
+        """Release this handle's browse lock; whether it held one."""
         q = qm.queues.get(self._name)
+        found = False
         for m in q.msgs if q else ():
             if m.held == ("lock", self._hobj):
                 m.held = None
+                found = True
                 qm.cond.notify_all()
+        return found
 
     @staticmethod
     def _describe(m: _Msg, md: MD, gmo: GMO) -> None:

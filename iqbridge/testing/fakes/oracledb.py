@@ -19,9 +19,10 @@ connection, each connection with its own uncommitted work, thread-safe:
   with a ``SYS.AQ$_AGENT`` (binds: the queue name, then the agent name), a block calling
   ``DBMS_AQADM.PURGE_QUEUE_TABLE`` (binds ``queue_table`` and ``condition``, a
   ``qtview.msg_id IN (HEXTORAW('...'), ...)`` condition), and a ``SELECT`` of some of the
-  columns msg_id, queue, msg_state, consumer_name, user_data, corr_id ``FROM AQ$<queue
-  table> WHERE [queue = :q AND] msg_id IN (...)`` (the queue-table view, one row per
-  consumer; dequeued messages appear while retention keeps them).
+  columns msg_id, queue, msg_state, consumer_name, user_data, corr_id, priority,
+  enq_time ``FROM AQ$<queue table> WHERE [queue = :q AND] msg_id IN (...)`` or ``WHERE
+  queue = :q``, either optionally ``ORDER BY enq_time`` (the queue-table view, one row
+  per consumer; dequeued messages appear while retention keeps them).
 * ``Database.stop()`` / ``start()``: the instance goes down (sessions gone, their
   uncommitted work rolled back: DPY-4011 on their next call, DPY-6005 on connect) and
   comes back.
@@ -577,10 +578,14 @@ class Queue:
 _SUBSCRIBER = re.compile(r"DBMS_AQADM\.ADD_SUBSCRIBER\s*\(", re.I)
 _PURGE = re.compile(r"DBMS_AQADM\.PURGE_QUEUE_TABLE\s*\(", re.I)
 _VIEW = re.compile(r"^\s*SELECT\s+(?P<cols>.+?)\s+FROM\s+\"?AQ\$(?P<table>\w+)\"?\s+WHERE\s+"
-                   r"(?:queue\s*=\s*:\w+\s+AND\s+)?msg_id\s+IN\s*\((?P<binds>[^)]*)\)\s*$",
+                   r"(?:(?:queue\s*=\s*:\w+\s+AND\s+)?msg_id\s+IN\s*\((?P<binds>[^)]*)\)"
+                   r"|queue\s*=\s*:\w+)(?P<order>\s+ORDER\s+BY\s+enq_time)?\s*$",
                    re.I | re.S)  # fmt: skip
 _HEX = re.compile(r"HEXTORAW\('([0-9A-Fa-f]+)'\)")
-_VIEW_COLS = ("msg_id", "queue", "msg_state", "consumer_name", "user_data", "corr_id")
+_VIEW_COLS = (
+    "msg_id", "queue", "msg_state", "consumer_name", "user_data", "corr_id", "priority",
+    "enq_time",
+)  # fmt: skip
 
 
 class Cursor:
@@ -676,21 +681,26 @@ class Cursor:
         if table not in db.tables:
             raise _ora(942, "table or view does not exist")
         values = params if isinstance(params, list | tuple) else list(params.values())
-        wanted = {bytes(v) for v in values if isinstance(v, bytes | bytearray)}
+        wanted = (
+            {bytes(v) for v in values if isinstance(v, bytes | bytearray)}
+            if match["binds"] is not None
+            else None  # every message of the queue
+        )
         queue_name = next((str(v).upper() for v in values if isinstance(v, str)), None)
         rows: list[tuple[Any, ...]] = []
         for q in db.queues.values():
             if q.table != table or (queue_name is not None and q.name != queue_name):
                 continue
             db._expire(q, time.monotonic())
-            for m in q.messages:
-                if m.msgid not in wanted or m.owner is not None:
+            msgs = sorted(q.messages, key=lambda m: m.enqtime) if match["order"] else q.messages
+            for m in msgs:
+                if (wanted is not None and m.msgid not in wanted) or m.owner is not None:
                     continue
                 for name, c in m.consumers.items():
                     row = {
                         "msg_id": m.msgid, "queue": q.name, "msg_state": _STATE_NAMES[c.state],
                         "consumer_name": name or None, "user_data": m.payload,
-                        "corr_id": m.correlation,
+                        "corr_id": m.correlation, "priority": m.priority, "enq_time": m.enqtime,
                     }  # fmt: skip
                     rows.append(tuple(row[c] for c in cols))
         return rows
@@ -769,3 +779,12 @@ class Connection:
         db = self._live()
         db.release(self._id, commit=False)
         self._db = None
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Leaving a ``with`` block closes the connection (uncommitted work rolled back),
+        as python-oracledb's does."""
+        if self._db is not None:
+            self.close()
