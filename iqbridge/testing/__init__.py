@@ -24,6 +24,10 @@ a backend's test module only subclasses them and says how to open a fresh backen
 * :mod:`iqbridge.testing.store_contract` -- :class:`IndexStoreContract`, the store-level
   suite (compare-and-set, batch commits, claim order, due work, journal, search, purge,
   retained payload copies, subscriptions).
+* :mod:`iqbridge.testing.plugin` -- the pytest plugin (entry point ``iqbridge``):
+  ``iq_hub("redis")`` and the other ``iq_*`` fixtures for users' own tests on every
+  broker, with :mod:`iqbridge.testing.servers` finding or starting the brokers
+  (docs/testing.md).
 
 The suites import pytest, which is a test extra; importing this package itself does not.
 """
