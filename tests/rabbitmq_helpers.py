@@ -82,15 +82,4 @@ def remember(adapter: object) -> None:
     from iqbridge.adapters.rabbitmq import RabbitMQAdapter
 
     assert isinstance(adapter, RabbitMQAdapter)
-    names = _declared.setdefault(adapter.prefix, set())
-    for queue, group in adapter.declared():
-        if group:
-            names.add(("queue", adapter.queue_name(queue, group)))
-        else:
-            names |= {
-                ("queue", adapter.dead_name(queue)),
-                ("exchange", adapter.dead_name(queue)),
-                ("exchange", adapter.exchange(queue)),
-            }
-            if adapter.ledger:
-                names.add(("queue", f"{adapter.exchange(queue)}/ledger"))
+    _declared.setdefault(adapter.prefix, set()).update(adapter.declared_names())

@@ -280,18 +280,7 @@ def _drop_rabbitmq(url: str, adapter: Any) -> None:
     """Delete the exchanges and queues the RabbitMQ adapter declared for a test."""
     import pika
 
-    names: set[tuple[str, str]] = set()
-    for queue, group in adapter.declared():
-        if group:
-            names.add(("queue", adapter.queue_name(queue, group)))
-        else:
-            names |= {
-                ("queue", adapter.dead_name(queue)),
-                ("exchange", adapter.dead_name(queue)),
-                ("exchange", adapter.exchange(queue)),
-            }
-            if adapter.ledger:
-                names.add(("queue", f"{adapter.exchange(queue)}/ledger"))
+    names: set[tuple[str, str]] = adapter.declared_names()
     if not names:
         return
     conn = pika.BlockingConnection(pika.URLParameters(url.split("?", 1)[0]))
