@@ -18,7 +18,7 @@ from fastapi.responses import Response
 
 from iqbridge.admin.dashboard import UISession, check_csrf, render, require_admin
 from iqbridge.admin.errors import classify
-from iqbridge.admin.schemas import Endpoint, PurgeRequest, RecoveryRequest, RecoveryResultOut
+from iqbridge.admin.schemas import Endpoint, RecoveryRequest, RecoveryResultOut
 from iqbridge.admin.sessions import Session
 from iqbridge.admin.state import admin_state
 from iqbridge.errors import InvalidArgument, IQError
@@ -65,13 +65,18 @@ def _refuse(request: Request, exc: IQError) -> str:
 # --- purge by rule -----------------------------------------------------------------------
 
 
-def _purge_ctx(request: Request, hub: str, queue: str, age: str) -> dict[str, Any]:
-    """The purge page's dry run: how many would go now and the first of their ids."""
+def _purge_ctx(
+    request: Request, hub: str, queue: str, age: str, cutoff: int | None = None
+) -> dict[str, Any]:
+    """The purge page's dry run: how many would go (now, or up to the ``cutoff`` a
+    dry run showed) and the first of their ids."""
     svc = admin_state(request).service
     ctx: dict[str, Any] = {"hub": hub, "queue": queue, "age": age, "result": None}
     secs = parse_age(age)
-    ids = svc.purge_candidates(hub, queue, secs)
-    ctx.update(seconds=secs, count=len(ids), shown=ids[:PURGE_SHOWN], dry_run=True)
+    if cutoff is None:
+        cutoff = svc.purge_cutoff(hub, secs)
+    ids = svc.purge_candidates(hub, queue, cutoff)
+    ctx.update(cutoff=cutoff, count=len(ids), shown=ids[:PURGE_SHOWN], dry_run=True)
     return ctx
 
 
@@ -98,14 +103,16 @@ def purge_apply(
     csrf: Annotated[str, Form()] = "",
     confirm: Annotated[str, Form()] = "",
     age: Annotated[str, Form(max_length=40)] = "",
+    cutoff: Annotated[int | None, Form()] = None,
 ) -> Response:
-    """Purge the queue's messages JOURNALLED longer than ``age`` once confirmed."""
+    """Purge, once confirmed, what the dry run showed: the queue's messages JOURNALLED
+    before its cutoff (and unchanged since)."""
     check_csrf(s, csrf)
     require_admin(s)
     svc = admin_state(request).service
     svc.hubs.queue(hub, queue)
     try:
-        ctx = _purge_ctx(request, hub, queue, age)
+        ctx = _purge_ctx(request, hub, queue, age, cutoff)
     except IQError as exc:
         ctx = {"hub": hub, "queue": queue, "age": age, "dry_run": True, "count": None}
         ctx["error"] = _refuse(request, exc)
@@ -113,10 +120,9 @@ def purge_apply(
     if confirm != "yes":
         ctx["error"] = "tick the confirmation box to purge these messages; nothing changed"
         return render(request, "purge.html", ctx, 422, s)
-    req = PurgeRequest(older_than=ctx["seconds"], dry_run=False)
-    result = svc.purge(hub, queue, req, s.principal)
-    ctx.update(dry_run=False, count=result.count, shown=[])
-    ctx["notice"] = f"Purged {result.count} message(s)."
+    count = svc.purge_listed(hub, queue, ctx["cutoff"], s.principal)
+    ctx.update(dry_run=False, count=count, shown=[])
+    ctx["notice"] = f"Purged {count} message(s)."
     return render(request, "purge.html", ctx, s=s)
 
 

@@ -4,6 +4,7 @@ recovery) through the state engine, journalled with the acting token's name."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import secrets
@@ -11,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
+
+import typer
 
 from iqbridge.admin.auth import Principal
 from iqbridge.admin.config import BridgeSpec
@@ -37,6 +40,7 @@ from iqbridge.admin.schemas import (
     SummaryOut,
 )
 from iqbridge.bridge import Lineage, check_health
+from iqbridge.cli.parsing import parse_state as cli_parse_state
 from iqbridge.errors import InvalidArgument, IQError
 from iqbridge.hub import Hub
 from iqbridge.model import Filter, MessageRecord, MessageState, MessageSummary, from_micros
@@ -65,19 +69,15 @@ _CLOCK_SLACK = timedelta(minutes=5)
 def parse_state(
     name: str | None, subscriber: str | None
 ) -> PublisherState | SubscriberState | None:
-    """A state by name. A name both machines have (JOURNALLED) is the subscriber's when
-    a subscriber is given, else the publisher's."""
+    """A state by name, read as ``iq search --state`` reads it: a name both machines
+    have (JOURNALLED) is the subscriber's when a subscriber is given, else the
+    publisher's (``pub:``/``sub:`` force one)."""
     if not name:
         return None
-    key = name.strip().upper()
-    pub = key in PublisherState.__members__
-    sub = key in SubscriberState.__members__
-    if sub and (subscriber or not pub):
-        return SubscriberState[key]
-    if pub:
-        return PublisherState[key]
-    known = sorted({*PublisherState.__members__, *SubscriberState.__members__})
-    raise InvalidArgument(f"unknown state {name!r}; one of {', '.join(known)}")
+    try:
+        return cli_parse_state(name, subscriber=bool(subscriber))
+    except typer.BadParameter as exc:
+        raise InvalidArgument(exc.message) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +281,7 @@ class AdminService:
         finder = Lineage(places)
 
         def node(mid: str) -> tuple[NodeOut, MessageRecord | None]:
-            got = finder.find(mid)
+            got = finder.located(mid)
             if got is None:
                 gone = NodeOut(
                     msg_id=mid,
@@ -293,9 +293,7 @@ class AdminService:
                     found=False,
                 )
                 return gone, None
-            rec, _ = got
-            n = finder.node(mid)
-            assert n is not None
+            n, rec = got
             out = NodeOut(
                 msg_id=mid,
                 hub=n.where,
@@ -374,7 +372,6 @@ class AdminService:
         detail = self._detail(by, reason, "revealed")
         with self.hubs.using(hub):
             q = self.hubs.queue(hub, queue)
-            q.state(msg_id)
             q.reveal(msg_id, detail=detail)
             return self._result(q, "reveal", msg_id, by, detail)
 
@@ -440,7 +437,8 @@ class AdminService:
     def purge(self, hub: str, queue: str, req: PurgeRequest, by: Principal) -> PurgeResult:
         """Count (dry run) or purge the messages JOURNALLED longer than ``older_than``."""
         if req.dry_run:
-            count = len(self.purge_candidates(hub, queue, req.older_than))
+            cutoff = self.purge_cutoff(hub, req.older_than)
+            count = len(self.purge_candidates(hub, queue, cutoff))
             return PurgeResult(dry_run=True, older_than=req.older_than, count=count)
         with self.hubs.using(hub):
             q = self.hubs.queue(hub, queue)
@@ -448,13 +446,26 @@ class AdminService:
             log.info("admin purge on %s/%s by %s: %d purged", hub, queue, by.name, count)
             return PurgeResult(dry_run=False, older_than=req.older_than, count=count)
 
-    def purge_candidates(self, hub: str, queue: str, older_than: float) -> list[str]:
-        """The msg_ids a purge by ``older_than`` seconds would delete now: the queue's
-        messages whose publisher is JOURNALLED and unchanged for longer than that, oldest
+    def purge_cutoff(self, hub: str, older_than: float) -> int:
+        """Now less ``older_than`` seconds, on the hub's clock (microseconds)."""
+        with self.hubs.using(hub) as h:
+            return h.now_us() - int(older_than * 1_000_000)
+
+    def purge_listed(self, hub: str, queue: str, cutoff: int, by: Principal) -> int:
+        """Purge exactly what :meth:`purge_candidates` lists for ``cutoff`` (a dry run's,
+        confirmed): ``Queue.purge_listed`` keeps any that changed since."""
+        ids = self.purge_candidates(hub, queue, cutoff)
+        with self.hubs.using(hub):
+            count = self.hubs.queue(hub, queue).purge_listed(ids, cutoff)
+        log.info("admin purge on %s/%s by %s: %d purged", hub, queue, by.name, count)
+        return count
+
+    def purge_candidates(self, hub: str, queue: str, cutoff: int) -> list[str]:
+        """The msg_ids a purge up to ``cutoff`` (microseconds) would delete: the queue's
+        messages whose publisher is JOURNALLED and unchanged since before then, oldest
         put first. Nothing changes."""
         with self.hubs.using(hub) as h:
             q = self.hubs.queue(hub, queue)
-            cutoff = h.now_us() - int(older_than * 1_000_000)
             flt = Filter(state=PublisherState.JOURNALLED, until=from_micros(cutoff), limit=_PAGE)
             ids = [s.msg_id for s in _search_all(q, flt)]
             recs = _load_many(h, ids)
@@ -528,9 +539,7 @@ def _search_all(q: Queue, flt: Filter) -> list[MessageSummary]:
     """Every match of ``flt``, asked again with a doubled limit while a page is full."""
     limit = flt.limit
     while True:
-        page = q.search(
-            Filter(state=flt.state, subscriber=flt.subscriber, until=flt.until, limit=limit)
-        )
+        page = q.search(dataclasses.replace(flt, limit=limit))
         if len(page) < limit or limit >= _MAX_SCAN:
             return page
         limit *= 2

@@ -72,6 +72,11 @@ class Lineage:
 
     def node(self, msg_id: str) -> Node | None:
         """``msg_id`` as a node without children, or None if no hub knows it."""
+        got = self.located(msg_id)
+        return None if got is None else got[0]
+
+    def located(self, msg_id: str) -> tuple[Node, MessageRecord] | None:
+        """``msg_id`` as a node, with the record it was read from (one read), or None."""
         got = self.find(msg_id)
         if got is None:
             return None
@@ -81,7 +86,7 @@ class Lineage:
             for name, m in sorted(rec.members.items())
         }
         pub = rec.publisher_state.value if rec.publisher_state is not None else "-"
-        return Node(msg_id, rec.queue, redact(place.url), pub, subs, tuple(rec.parents))
+        return Node(msg_id, rec.queue, redact(place.url), pub, subs, tuple(rec.parents)), rec
 
     def roots(self, msg_id: str) -> list[str]:
         """The oldest ancestors of ``msg_id`` (itself if it has no parents)."""

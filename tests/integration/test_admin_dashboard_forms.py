@@ -149,6 +149,28 @@ def test_purge_needs_the_box_then_purges_exactly_those(tmp_path: Path, aged: Age
                 q.state(mid)
 
 
+def test_the_confirmed_purge_takes_what_the_dry_run_showed(tmp_path: Path, aged: Aged) -> None:
+    path = "/ui/hubs/sales/queues/orders/purge"
+    with admin_client(tmp_path, {"sales": aged.url}) as c:
+        csrf = login(c)
+        dry = c.get(path, params={"age": "0"})
+        shown = sorted(_listed(dry.text))
+        assert shown == sorted(aged.old + aged.recent + [aged.waiting])
+        m = re.search(r'name="cutoff" value="(\d+)"', dry.text)
+        assert m is not None, dry.text
+        time.sleep(0.01)
+        with iqbridge.connect(aged.url) as hub:  # journalled after the dry run
+            q = hub.queue("orders")
+            later = q.put({"n": "later"})
+            _settle(q, "billing", 1)
+            _settle(q, "shipping", 1)
+            assert q.state(later).publisher_state is P.JOURNALLED
+        done = c.post(path, data={"csrf": csrf, "age": "0", "cutoff": m.group(1), "confirm": "yes"})
+        assert done.status_code == 200, done.text
+        assert "Purged 5 message(s)." in done.text
+    assert _remaining(aged.url) == {aged.pending, later}
+
+
 # --- cross-queue recovery ----------------------------------------------------------------
 
 

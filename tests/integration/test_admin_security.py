@@ -192,6 +192,9 @@ def test_readonly_dashboard_session_cannot_act(client: TestClient, data: Data) -
         data={"csrf": csrf, "confirm": "yes", "subscriber": "billing"},
     )
     assert r.status_code == 403
+    with iqbridge.connect(data.url) as hub:
+        view = hub.queue("orders").state(data.ids["evil"]).subscribers["billing"]
+    assert (view.state, view.attempt) == (S.JOURNALLED, 1)  # refused: nothing moved
 
 
 def test_tokens_are_compared_in_constant_time_against_every_token(
@@ -332,11 +335,22 @@ def test_dashboard_redrive_lists_first_then_applies(client: TestClient, data: Da
     assert dry.status_code == 200
     assert f'data-msg-id="{data.ids["evil"]}"' in dry.text
     assert 'id="redrive-confirm"' in dry.text
+    mid = data.ids["evil"]
+
+    def billing() -> tuple[S | None, int]:
+        with iqbridge.connect(data.url) as hub:
+            v = hub.queue("orders").state(mid).subscribers["billing"]
+        return v.state, v.attempt
+
+    before = billing()
+    assert before[0] is S.JOURNALLED
     unconfirmed = client.post(path, data={"csrf": csrf, "subscriber": "billing"})
     assert unconfirmed.status_code == 422
+    assert billing() == before  # not confirmed: nothing moved
     applied = client.post(path, data={"csrf": csrf, "subscriber": "billing", "confirm": "yes"})
     assert applied.status_code == 200
-    assert 'id="redrive-done"' in applied.text and data.ids["evil"] in applied.text
+    assert 'id="redrive-done"' in applied.text and mid in applied.text
+    assert billing() == (S.AVAILABLE, before[1] + 1)
 
 
 def test_an_unreachable_hub_is_retried_after_a_pause(monkeypatch: pytest.MonkeyPatch) -> None:
