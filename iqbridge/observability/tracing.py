@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -77,6 +78,7 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: The tracer when tracing is on; the hooks test this one name.
+log = logging.getLogger("iqbridge.tracing")
 _tracer: Tracer | None = None
 _trace: ModuleType | None = None  # opentelemetry.trace, once configured
 _context: ModuleType | None = None  # opentelemetry.context
@@ -188,12 +190,10 @@ def traced_put(fn: F) -> F:
         corr = {getattr(spec, "correlation_id", None) for _, spec in pairs}
         if len(corr) == 1 and (one := corr.pop()) is not None:
             attrs[CONVERSATION] = one
-        with tracer.start_as_current_span(
-            f"put {queue.name}", kind=_kind("PRODUCER"), attributes=attrs
-        ) as span:
+        with _guarded(tracer, f"put {queue.name}", "PRODUCER", attrs) as span:
             ids = fn(queue, pairs, *args, **kwargs)
-            if len(ids) == 1:
-                span.set_attribute(MESSAGE_ID, ids[0])
+            if len(ids) == 1 and span is not None:
+                _quietly(span.set_attribute, MESSAGE_ID, ids[0])
             return ids
 
     return cast(F, put)
@@ -209,32 +209,77 @@ def traced_get(fn: F) -> F:
         if tracer is None:
             return fn(queue, subscriber, want, *args, **kwargs)
         start = time.time_ns()
-        failed: BaseException | None = None
-        got: list[Any] = []
         try:
-            got = fn(queue, subscriber, want, *args, **kwargs)
+            got: list[Any] = fn(queue, subscriber, want, *args, **kwargs)
         except BaseException as exc:
-            failed = exc
+            _quietly(_record_get, tracer, queue, subscriber, want, [], exc, start)
             raise
-        finally:
-            if got or failed is not None:
-                attrs = _attrs(queue, "get", "receive")
-                attrs[GROUP] = subscriber
-                if want > 1:
-                    attrs[BATCH_COUNT] = len(got)
-                if len(got) == 1:
-                    attrs[MESSAGE_ID] = got[0].msg_id
-                    if got[0].correlation_id is not None:
-                        attrs[CONVERSATION] = got[0].correlation_id
-                span = tracer.start_span(
-                    f"get {queue.name}", kind=_kind("CONSUMER"), attributes=attrs, start_time=start
-                )
-                if failed is not None:
-                    _fail(span, failed)
-                span.end()
+        if got:  # an empty poll records nothing
+            _quietly(_record_get, tracer, queue, subscriber, want, got, None, start)
         return got
 
     return cast(F, get)
+
+
+def _record_get(
+    tracer: Tracer,
+    queue: Any,
+    subscriber: str,
+    want: int,
+    got: Sequence[Any],
+    failed: BaseException | None,
+    start: int,
+) -> None:
+    attrs = _attrs(queue, "get", "receive")
+    attrs[GROUP] = subscriber
+    if want > 1:
+        attrs[BATCH_COUNT] = len(got)
+    if len(got) == 1:
+        attrs[MESSAGE_ID] = got[0].msg_id
+        if got[0].correlation_id is not None:
+            attrs[CONVERSATION] = got[0].correlation_id
+    span = tracer.start_span(
+        f"get {queue.name}", kind=_kind("CONSUMER"), attributes=attrs, start_time=start
+    )
+    if failed is not None:
+        _fail(span, failed)
+    span.end()
+
+
+@contextlib.contextmanager
+def _guarded(tracer: Tracer, name: str, kind: str, attrs: dict[str, Any]) -> Iterator[Span | None]:
+    """``tracer.start_as_current_span`` whose own failures are logged and ignored: the
+    code inside runs, and its outcome (return or exception) is the caller's, whatever
+    the telemetry does. Yields the span, or None when it could not start."""
+    cm: contextlib.AbstractContextManager[Span] | None = None
+    span: Span | None = None
+    try:
+        cm = tracer.start_as_current_span(name, kind=_kind(kind), attributes=attrs)
+        span = cm.__enter__()
+    except Exception as exc:
+        log.warning("tracing failed, ignored: %s", type(exc).__name__)
+        cm = None
+    if cm is None:
+        yield None
+        return
+    try:
+        yield span
+    except BaseException as exc:
+        with contextlib.suppress(Exception):  # records it on the span, then re-raises
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    with contextlib.suppress(Exception):
+        cm.__exit__(None, None, None)
+
+
+def _quietly(record: Callable[..., object], *args: Any) -> Any:
+    """Run telemetry: a failure of its own is logged, never raised into the facade (a
+    get's deliveries must reach the caller, a handler's exception must stay its own)."""
+    try:
+        return record(*args)
+    except Exception as exc:
+        log.warning("tracing failed, ignored: %s", type(exc).__name__)
+        return None
 
 
 # --- settling ---------------------------------------------------------------------------
@@ -258,9 +303,7 @@ def settle(
     corr = getattr(record, "correlation_id", None)
     if isinstance(corr, str):
         attrs[CONVERSATION] = corr
-    return tracer.start_as_current_span(
-        f"{operation} {_name(queue)}", kind=_kind("CLIENT"), attributes=attrs
-    )
+    return _guarded(tracer, f"{operation} {_name(queue)}", "CLIENT", attrs)
 
 
 def settle_batch(
@@ -278,9 +321,7 @@ def settle_batch(
     kinds = [getattr(m, "kind", "") for _, m in moves]
     attrs["iqbridge.settle.unusable"] = kinds.count("unusable")
     attrs["iqbridge.settle.released"] = kinds.count("release")
-    return tracer.start_as_current_span(
-        f"done {_name(queue)}", kind=_kind("CLIENT"), attributes=attrs
-    )
+    return _guarded(tracer, f"done {_name(queue)}", "CLIENT", attrs)
 
 
 # --- processing: a span opened by __enter__ and closed by __exit__ ------------------------
@@ -309,6 +350,20 @@ def begin(
     tracer = _tracer
     if tracer is None:
         return None
+    opened: Open | None = _quietly(
+        _open_process, tracer, queue, subscriber, msg_id, count, correlation_id
+    )
+    return opened
+
+
+def _open_process(
+    tracer: Tracer,
+    queue: object,
+    subscriber: str,
+    msg_id: str | None,
+    count: int | None,
+    correlation_id: str | None,
+) -> Open:
     assert _trace is not None and _context is not None
     attrs = _attrs(queue, "process", "process")
     attrs[GROUP] = subscriber
@@ -342,13 +397,16 @@ class _Finishing:
         assert _context is not None
         span = self.open.span
         try:
-            for failure in (self.exc, exc):
-                if failure is not None:
-                    _fail(span, failure)
-            span.end()
+            _quietly(self._end, span, exc)
         finally:
             with contextlib.suppress(Exception):
                 _context.detach(cast(Any, self.open.token))
+
+    def _end(self, span: Span, exc: BaseException | None) -> None:
+        for failure in (self.exc, exc):
+            if failure is not None:
+                _fail(span, failure)
+        span.end()
 
 
 def finishing(
@@ -383,6 +441,4 @@ def hop(
     attrs["iqbridge.bridge.route"] = route
     attrs["iqbridge.bridge.destination"] = destination
     attrs["iqbridge.parent_ids"] = [d.msg_id for d in deliveries]
-    return tracer.start_as_current_span(
-        f"bridge {_name(source)}", kind=_kind("CONSUMER"), attributes=attrs
-    )
+    return _guarded(tracer, f"bridge {_name(source)}", "CONSUMER", attrs)

@@ -161,6 +161,44 @@ def test_a_handler_exception_marks_the_process_span(
     (rel,) = named(spans, "release orders")  # the retry policy gave it back
     assert parent_of(rel) == proc.context.span_id
     assert rel.status.status_code is StatusCode.UNSET
+    view = q.state(d.msg_id).subscribers["billing"]
+    assert (view.state, view.attempt) == (iqbridge.SubscriberState.AVAILABLE, 2)
+
+
+def test_telemetry_that_fails_changes_nothing_for_the_caller(
+    spans: InMemorySpanExporter, hub: iqbridge.Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A span that cannot be written must not cost a get its deliveries, nor replace
+    the handler's own exception, nor stop the settle."""
+    q = hub.queue("orders")
+    q.put(b"x", to=["billing"])
+    d = q.get("billing")
+    assert d is not None
+
+    def broken_fail(*_a: object) -> None:
+        raise RuntimeError("cannot record the exception")
+
+    monkeypatch.setattr(tracing, "_fail", broken_fail)
+    with pytest.raises(ValueError, match="boom"), d:  # still the handler's own exception
+        raise ValueError("boom")
+    view = q.state(d.msg_id).subscribers["billing"]
+    assert (view.state, view.attempt) == (iqbridge.SubscriberState.AVAILABLE, 2)
+
+    def broken_span(*_a: object, **_k: object) -> None:
+        raise RuntimeError("exporter gone")
+
+    tracer = tracing._tracer
+    assert tracer is not None
+    original = tracer.start_span
+    tracer.start_span = broken_span  # type: ignore[method-assign]
+    try:
+        again = q.get("billing", timeout=10)  # no get span can start: the delivery comes
+        assert again is not None and again.msg_id == d.msg_id
+        with again:  # nor can the process span: the settle still happens
+            pass
+    finally:
+        tracer.start_span = original  # type: ignore[method-assign]
+    assert q.state(d.msg_id).subscribers["billing"].state is iqbridge.SubscriberState.JOURNALLED
 
 
 def test_a_failed_settle_is_an_error_span(spans: InMemorySpanExporter, hub: iqbridge.Hub) -> None:
@@ -230,7 +268,8 @@ def test_a_bridge_hop_is_one_span_with_its_parents(
     hop_ids = {h.context.span_id for h in hops}
     puts = named(spans, "put copies")
     assert puts and all(parent_of(p) in hop_ids for p in puts)
-    assert all(parent_of(s) in hop_ids for s in named(spans, "done orders"))
+    settles = named(spans, "done orders")
+    assert settles and all(parent_of(s) in hop_ids for s in settles)
 
 
 def test_nothing_is_recorded_unless_configured(hub: iqbridge.Hub) -> None:
