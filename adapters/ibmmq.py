@@ -49,7 +49,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from iqbridge.adapter import Capabilities
@@ -485,23 +485,39 @@ class IbmMqAdapter(IbmMqInventory):
         """The group is done with these messages: each unit of work whose messages are
         all settled now commits. References this process does not hold are left alone
         (another process holds them; it commits, or they come back and are skipped)."""
-        for unit in {h.unit for h in self._take(queue, group, refs, "done")}:
-            self._finish(unit)
+        self._finish_all({h.unit for h in self._take(queue, group, refs, "done")})
+
+    def _finish_all(self, units: Iterable[Unit]) -> None:
+        """:meth:`_finish` each unit, even after one fails; then raise the first error."""
+        first: BaseException | None = None
+        for unit in units:
+            try:
+                self._finish(unit)
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     def requeue(self, queue: str, group: str, ref: str) -> None:
         """Deliverable again: backed out, or put back as a copy if the rest of its unit of
         work stays held."""
+        first: BaseException | None = None
         for h in self._take(queue, group, [ref], "back"):
-            with h.unit.lock:
-                busy = any(e.state == "held" for e in h.unit.entries)
-                if busy and not h.unit.finished:
-                    try:
-                        self._put_copy(h, no_syncpoint=True)
-                    except self._mod.Error as exc:
-                        self._hold_again(h)
-                        raise self._error(exc, "putting a message back", h.mq_queue) from exc
-                    h.state = "moved"
-            self._finish(h.unit)
+            try:
+                with h.unit.lock:
+                    busy = any(e.state == "held" for e in h.unit.entries)
+                    if busy and not h.unit.finished:
+                        try:
+                            self._put_copy(h, no_syncpoint=True)
+                        except self._mod.Error as exc:
+                            self._hold_again(h)
+                            raise self._error(exc, "putting a message back", h.mq_queue) from exc
+                        h.state = "moved"
+                self._finish(h.unit)
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     def _hold_again(self, h: Held) -> None:
         """A settlement failed before it changed anything: the message is held again."""
@@ -524,8 +540,7 @@ class IbmMqAdapter(IbmMqInventory):
                     for x in held:
                         self._hold_again(x)
                     raise self._error(exc, "parking a message", self.backout_name(queue)) from exc
-        for unit in {x.unit for x in held}:
-            self._finish(unit)
+        self._finish_all({x.unit for x in held})
 
     def _put_copy(self, h: Held, *, no_syncpoint: bool) -> None:
         c = self._c

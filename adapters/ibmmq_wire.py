@@ -11,6 +11,7 @@ from __future__ import annotations
 import calendar
 import hashlib
 import json
+import logging
 import math
 import os
 import uuid
@@ -27,6 +28,8 @@ from iqbridge.errors import (
 )
 from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ENV_PROPERTY",
@@ -278,27 +281,42 @@ def decode(
     iqbridge's messages carry the envelope property; their reference is their msg_id. A
     plain client's message is adopted: its reference is its MsgId in hex, its msg_id
     derives from the queue, the group and that reference, and it is addressed to the
-    group whose queue it was found on.
+    group whose queue it was found on. So is a message whose envelope property cannot be
+    decoded (not JSON, no "id"), with a warning: refusing it would leave it at the head
+    of the group's queue for ever.
     """
     priority = min(max(int(md.Priority), 0), 9)
-    if env_json is not None:
-        f = json.loads(env_json)
-        env = Envelope(
-            msg_id=f["id"],
-            body=body,
-            content_type=f.get("ct") or "application/octet-stream",
-            headers=dict(f.get("h") or {}),
-            publisher=f.get("pub") or "",
-            correlation_id=f.get("cid"),
-            priority=priority,
-            ordering_key=f.get("key") or "",
-            parents=tuple(f.get("par") or ()),
-            put_at=int(f.get("at") or 0),
-            groups=tuple(f.get("to") or ()),
-            expires_at=f.get("exp"),
-        )
-        return env.msg_id, env, False
     ref = bytes(md.MsgId).hex()
+    if env_json is not None:
+        try:
+            f = json.loads(env_json)
+            if not isinstance(f, dict) or not isinstance(f.get("id"), str) or not f["id"]:
+                raise ValueError('no "id"')
+            env = Envelope(
+                msg_id=f["id"],
+                body=body,
+                content_type=f.get("ct") or "application/octet-stream",
+                headers=dict(f.get("h") or {}),
+                publisher=f.get("pub") or "",
+                correlation_id=f.get("cid"),
+                priority=priority,
+                ordering_key=f.get("key") or "",
+                parents=tuple(f.get("par") or ()),
+                put_at=int(f.get("at") or 0),
+                groups=tuple(f.get("to") or ()),
+                expires_at=f.get("exp"),
+            )
+            return env.msg_id, env, False
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning(
+                "IBM MQ queue for %r group %r: message %s has an undecodable %s property "
+                "(%s); adopted as a plain client's message",
+                queue,
+                group,
+                ref,
+                ENV_PROPERTY,
+                type(exc).__name__,
+            )
     correl = bytes(md.CorrelId)
     text = bytes(md.Format) == fmt_string
     env = Envelope(

@@ -42,7 +42,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -69,6 +69,8 @@ log = logging.getLogger(__name__)
 RAW_LIMIT = 32767
 #: Room kept for the envelope within a RAW payload.
 _ENVELOPE_ROOM = 4096
+#: msgids per IN list (Oracle refuses more than 1000: ORA-01795).
+_IN_CHUNK = 500
 _MARK = b"IQB1"
 _PASSWORD_ENV = "IQBRIDGE_ORACLE_PASSWORD"
 _OPTIONS = {"password_env", "prefix", "max_retries", "retention"}
@@ -222,6 +224,22 @@ def _decode(
     prio = 9 - min(max(priority, 0), 9)
     env = Envelope(adopted_as, payload, correlation_id=correlation, priority=prio)
     return env, True
+
+
+def _from_row(row: Sequence[Any], adopted: Callable[[str], str]) -> tuple[str, Envelope, bool]:
+    """The msgid (hex), envelope and whether it was adopted, of an ``AQ$<queue table>``
+    view row of msg_id, user_data, corr_id, priority; ``adopted`` maps a msgid to the
+    msg_id of a plain producer's message."""
+    msgid, data, corr, priority = row
+    raw = data.read() if hasattr(data, "read") else data
+    ref = bytes(msgid).hex()
+    env, stranger = _decode(bytes(raw), corr, int(priority), adopted(ref))
+    return ref, env, stranger
+
+
+def _chunks(refs: Sequence[str]) -> list[Sequence[str]]:
+    """``refs`` in slices of at most :data:`_IN_CHUNK`."""
+    return [refs[i : i + _IN_CHUNK] for i in range(0, len(refs), _IN_CHUNK)]
 
 
 @dataclass
@@ -630,47 +648,53 @@ class OracleAQAdapter(OracleAQInventory):
 
     def read_many(self, queue: str, refs: Sequence[str]) -> list[Envelope | None]:
         """Envelopes by msgid from the ``AQ$<queue table>`` view (ready, held, or
-        dequeued and kept by retention), in one query."""
+        dequeued and kept by retention), one query per :data:`_IN_CHUNK` msgids (Oracle
+        takes at most 1000 items in an IN list: ORA-01795)."""
         if not refs:
             return []
         name = self.queue_name(queue)
-        binds = ", ".join(f":m{i}" for i in range(len(refs)))
-        sql = (
-            f"SELECT msg_id, user_data, corr_id FROM AQ${name}_QT "
-            f"WHERE queue = :q AND msg_id IN ({binds})"
-        )
-        params: dict[str, Any] = {"q": name}
-        params.update({f"m{i}": bytes.fromhex(ref) for i, ref in enumerate(refs)})
+        rows: list[Any] = []
         with self._lock:
             try:
                 with self._db().cursor() as cur:
-                    cur.execute(sql, params)
-                    rows = cur.fetchall()
+                    for chunk in _chunks(refs):
+                        binds = ", ".join(f":m{i}" for i in range(len(chunk)))
+                        sql = (
+                            f"SELECT msg_id, user_data, corr_id, priority FROM AQ${name}_QT "
+                            f"WHERE queue = :q AND msg_id IN ({binds})"
+                        )
+                        params: dict[str, Any] = {"q": name}
+                        params.update({f"m{i}": bytes.fromhex(r) for i, r in enumerate(chunk)})
+                        cur.execute(sql, params)
+                        rows.extend(cur.fetchall())
             except self.client.Error as exc:
                 self._rollback(self._main, exc)
                 raise self._error(exc, "read messages", queue) from exc
         found: dict[str, Envelope] = {}
-        for msgid, data, corr in rows:
-            raw = data.read() if hasattr(data, "read") else data
-            ref = bytes(msgid).hex()
-            found[ref] = _decode(bytes(raw), corr, 4, self._adopted(queue, ref))[0]
+        for row in rows:
+            ref, env, _ = _from_row(row, lambda r: self._adopted(queue, r))
+            found[ref] = env
         return [found.get(ref) for ref in refs]
 
     def delete(self, queue: str, refs: Sequence[str]) -> None:
-        """Purge the messages from the queue table (DBMS_AQADM.PURGE_QUEUE_TABLE)."""
+        """Purge the messages from the queue table (DBMS_AQADM.PURGE_QUEUE_TABLE), one
+        call per :data:`_IN_CHUNK` msgids (an IN list takes at most 1000: ORA-01795)."""
         if not refs:
             return
-        ids = ", ".join(f"HEXTORAW('{bytes.fromhex(r).hex().upper()}')" for r in refs)
         name = self.queue_name(queue)
         with self._lock:
             try:
                 with self._db().cursor() as cur:
-                    cur.execute(
-                        "DECLARE po DBMS_AQADM.AQ$_PURGE_OPTIONS_T; BEGIN po.block := FALSE; "
-                        "DBMS_AQADM.PURGE_QUEUE_TABLE(queue_table => :queue_table, "
-                        "purge_condition => :condition, purge_options => po); END;",
-                        {"queue_table": f"{name}_QT", "condition": f"qtview.msg_id IN ({ids})"},
-                    )
+                    for chunk in _chunks(refs):
+                        ids = ", ".join(
+                            f"HEXTORAW('{bytes.fromhex(r).hex().upper()}')" for r in chunk
+                        )
+                        cur.execute(
+                            "DECLARE po DBMS_AQADM.AQ$_PURGE_OPTIONS_T; BEGIN po.block := FALSE; "
+                            "DBMS_AQADM.PURGE_QUEUE_TABLE(queue_table => :queue_table, "
+                            "purge_condition => :condition, purge_options => po); END;",
+                            {"queue_table": f"{name}_QT", "condition": f"qtview.msg_id IN ({ids})"},
+                        )
             except self.client.Error as exc:
                 self._rollback(self._main, exc)
                 raise self._error(exc, "purge messages", queue) from exc

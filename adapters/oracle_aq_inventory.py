@@ -45,7 +45,7 @@ class OracleAQInventory:
         return iter(self._listing(queue))
 
     def _listing(self, queue: str) -> list[Entry]:
-        from .oracle_aq import _decode  # noqa: TID251
+        from .oracle_aq import _from_row  # noqa: TID251
 
         a = _me(self)
         name = a.queue_name(queue)
@@ -62,12 +62,10 @@ class OracleAQInventory:
                 a._rollback(a._main, exc)
                 raise a._error(exc, "list messages", queue) from exc
         out: dict[str, Entry] = {}
-        for msgid, data, corr, priority in rows:  # one row per consumer: once per msgid
-            ref = bytes(msgid).hex()
-            if ref in out:
+        for row in rows:  # one row per consumer: once per msgid
+            if bytes(row[0]).hex() in out:
                 continue
-            raw = data.read() if hasattr(data, "read") else data
-            env, stranger = _decode(bytes(raw), corr, int(priority), a._adopted(queue, ref))
+            ref, env, stranger = _from_row(row, lambda r: a._adopted(queue, r))
             out[ref] = Entry(ref, env.msg_id, stranger, env if stranger else None)
         return list(out.values())
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,7 @@ from iqbridge.errors import (
     IQError,
     UnknownQueueError,
 )
+from iqbridge.model import Envelope
 from iqbridge.testing.fakes import ibmmq as fake
 
 pytestmark = pytest.mark.ibmmq
@@ -441,3 +443,83 @@ def test_a_full_backout_queue_keeps_the_message_held(
         assert "2053" in caplog.text and SECRET not in caplog.text
         assert adapter.held("fullboq", "a") == {msg_id: "a"}  # not dropped from MQ
         assert adapter.browse("fullboq") == []
+
+
+def _plain_put(adapter: IbmMqAdapter, queue: str, group: str, body: bytes, env: str) -> None:
+    """Put ``body`` as a plain MQ client would, with ``env`` as the iqbridge envelope
+    property (a broken one)."""
+    qmgr = fake.QueueManager(None)
+    cd = fake.CD(ChannelName=b"DEV.APP.SVRCONN", ConnectionName=b"localhost(1414)")
+    qmgr.connect_with_options("QM1", user="app", password=SECRET, cd=cd)
+    mh = fake.MessageHandle(qmgr)
+    mh.properties.set("iqEnv", env)
+    pmo = fake.PMO(Version=fake.CMQC.MQPMO_VERSION_3, OriginalMsgHandle=mh.msg_handle)
+    md = fake.MD(Format=fake.CMQC.MQFMT_STRING)
+    fake.Queue(qmgr, adapter.queue_name(queue, group), fake.CMQC.MQOO_OUTPUT).put(body, md, pmo)
+    qmgr.disconnect()
+
+
+@pytest.mark.parametrize("env", ['{"ct": "text/plain"', '{"ct": "text/plain"}', "[1, 2]"])
+def test_an_undecodable_envelope_property_is_adopted(
+    qm: fake.FakeQueueManager, index: str, env: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bad JSON, or no "id": the message is a stranger's, adopted with a warning that
+    does not show the property, neither left at the head of the queue nor breaking the
+    reconciliation's browse."""
+    with iqbridge.connect(URL, index=index) as hub:
+        adapter = hub.adapter
+        assert isinstance(adapter, IbmMqAdapter)
+        q = hub.queue("badenv")
+        q.subscribe("a")
+        _plain_put(adapter, "badenv", "a", b"payload-xyz", env)
+        adapter.track_groups("badenv", ["a"])
+        [entry] = list(adapter.entries("badenv"))
+        assert entry.stranger and entry.envelope is not None
+        d = q.get("a")
+        assert d is not None and d.msg_id == entry.msg_id
+        assert d.payload == "payload-xyz"
+        d.done()
+        assert q.get("a") is None
+        assert qm.messages(adapter.queue_name("badenv", "a")) == []
+    assert "undecodable iqEnv property" in caplog.text
+    assert env not in caplog.text and "payload-xyz" not in caplog.text
+
+
+@pytest.mark.parametrize("settle", ["ack", "requeue", "dead_letter"])
+def test_one_unit_failing_to_end_leaves_no_other_open(
+    qm: fake.FakeQueueManager, index: str, monkeypatch: pytest.MonkeyPatch, settle: str
+) -> None:
+    """Two units of work hold copies of one message; ending the first fails (MQCMIT or
+    MQBACK broken once): the other still ends, and the first error is raised."""
+    with iqbridge.connect(URL, index=index) as hub:
+        adapter = hub.adapter
+        assert isinstance(adapter, IbmMqAdapter)
+        q = hub.queue("units")
+        msg_id = q.put(b"x", to=["a"])
+        adapter.put_again("units", "a", Envelope(msg_id, b"x", groups=("a",)))  # same ref
+        got = [adapter.receive("units", "a", "c", count=1, timeout=0) for _ in range(2)]
+        assert [r.native_ref for [r] in got] == [msg_id, msg_id]
+        broken = [1]
+
+        def once(real: Any) -> Any:
+            def call(self: fake.QueueManager) -> None:
+                if broken:
+                    broken.pop()
+                    raise fake.MQMIError(fake.CMQC.MQCC_FAILED, fake.CMQC.MQRC_CONNECTION_BROKEN)
+                real(self)
+
+            return call
+
+        monkeypatch.setattr(fake.QueueManager, "commit", once(fake.QueueManager.commit))
+        monkeypatch.setattr(fake.QueueManager, "backout", once(fake.QueueManager.backout))
+        with pytest.raises(IQError, match="2009"):
+            if settle == "ack":
+                adapter.ack("units", "a", [msg_id])
+            elif settle == "requeue":
+                adapter.requeue("units", "a", msg_id)
+            else:
+                adapter.dead_letter("units", "a", msg_id, "poison")
+        assert adapter.held("units", "a") == {}
+        assert all(not entries for entries in qm.uow.values())  # no unit left open
+        left = qm.messages(adapter.queue_name("units", "a"))
+        assert len(left) == (2 if settle == "requeue" else 1)  # the failed one came back

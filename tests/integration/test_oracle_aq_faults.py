@@ -160,3 +160,48 @@ def test_payload_over_the_raw_limit() -> None:
         q.put(b"x" * limit, to=["a"])
         with pytest.raises(MessageTooLarge):
             q.put(b"x" * (limit + 1), to=["a"])
+
+
+def _filler(n: int) -> list[str]:
+    """``n`` msgids no message has."""
+    return [f"{i:032x}" for i in range(1, n + 1)]
+
+
+def test_read_many_and_delete_chunk_long_in_lists(fake_oracle: fake_oracledb.Database) -> None:
+    """Oracle takes at most 1000 items in an IN list (ORA-01795, which the fake raises
+    too): reading or purging more msgids at once is split into several statements."""
+    with iqbridge.connect(URL, index="memory://") as hub:
+        q = hub.queue("orders")
+        adapter = hub.adapter
+        assert isinstance(adapter, OracleAQAdapter)
+        ids = [q.put(f"m{i}".encode(), to=["a"]) for i in range(3)]
+        refs = [hub.store.load(m).native_ref or "" for m in ids]
+        wanted = _filler(1200)
+        for at, ref in zip((0, 700, 1150), refs, strict=True):
+            wanted[at] = ref
+        got = adapter.read_many("orders", wanted)
+        assert len(got) == 1200
+        assert [e.msg_id if e else None for e in (got[0], got[700], got[1150])] == ids
+        assert sum(e is not None for e in got) == 3
+        adapter.delete("orders", wanted)
+        assert fake_oracle.queue(adapter.queue_name("orders")).messages == []
+        assert adapter.read_many("orders", refs) == [None, None, None]
+
+
+def test_read_many_keeps_a_plain_producers_priority(fake_oracle: fake_oracledb.Database) -> None:
+    """read_many decodes the queue-table row with its priority, as the listing does."""
+    with iqbridge.connect(URL, index="memory://") as hub:
+        q = hub.queue("orders")
+        q.subscribe("a")
+        adapter = hub.adapter
+        assert isinstance(adapter, OracleAQAdapter)
+        plain = fake_oracledb.connect(user="iq", password=PASSWORD, dsn="oracle.test/FREEPDB1")
+        plain.queue(adapter.queue_name("orders")).enqone(
+            plain.msgproperties(payload=b"legacy", priority=1)
+        )
+        plain.commit()
+        (m,) = fake_oracle.queue(adapter.queue_name("orders")).messages
+        env = adapter.read("orders", m.msgid.hex())
+        assert env is not None and env.priority == 9 - 1
+        (entry,) = adapter.entries("orders")
+        assert entry.envelope is not None and entry.envelope.priority == env.priority

@@ -22,7 +22,8 @@ connection, each connection with its own uncommitted work, thread-safe:
   columns msg_id, queue, msg_state, consumer_name, user_data, corr_id, priority,
   enq_time ``FROM AQ$<queue table> WHERE [queue = :q AND] msg_id IN (...)`` or ``WHERE
   queue = :q``, either optionally ``ORDER BY enq_time`` (the queue-table view, one row
-  per consumer; dequeued messages appear while retention keeps them).
+  per consumer; dequeued messages appear while retention keeps them). An IN list of
+  more than 1000 items fails with ORA-01795, as on a real server.
 * ``Database.stop()`` / ``start()``: the instance goes down (sessions gone, their
   uncommitted work rolled back: DPY-4011 on their next call, DPY-6005 on connect) and
   comes back.
@@ -663,7 +664,10 @@ class Cursor:
                 q.subscribers.append(name)
             elif _PURGE.search(statement):
                 table = str(params["queue_table"]).upper()
-                ids = {bytes.fromhex(h) for h in _HEX.findall(str(params["condition"]))}
+                found = _HEX.findall(str(params["condition"]))
+                if len(found) > 1000:
+                    raise _ora(1795, "maximum number of expressions in a list is 1000")
+                ids = {bytes.fromhex(h) for h in found}
                 for q in db.queues.values():
                     if q.table == table:
                         q.messages = [m for m in q.messages if m.msgid not in ids]
@@ -680,6 +684,8 @@ class Cursor:
         table = match["table"].upper()
         if table not in db.tables:
             raise _ora(942, "table or view does not exist")
+        if match["binds"] is not None and match["binds"].count(",") >= 1000:
+            raise _ora(1795, "maximum number of expressions in a list is 1000")
         values = params if isinstance(params, list | tuple) else list(params.values())
         wanted = (
             {bytes(v) for v in values if isinstance(v, bytes | bytearray)}
