@@ -32,7 +32,16 @@ def after_failure(policy: RetryPolicy, exc: BaseException, attempt: int, max_att
     """What processing that raised ``exc`` on ``attempt`` leads to: given back after the
     policy's backoff delay, or UNUSABLE once the policy gives up; the reason names the
     exception."""
-    reason = f"{type(exc).__name__}: {exc}"[:_REASON_MAX]
+    reason = f"{type(exc).__name__}: {_text(exc)}"[:_REASON_MAX]
     if policy.gives_up(exc, attempt, max_attempts):
         return Move("unusable", reason=reason)
     return Move("release", reason=reason, delay=policy.delay(attempt))
+
+
+def _text(exc: BaseException) -> str:
+    """The exception's message; one whose ``__str__`` fails is named without it, so the
+    delivery is still given back (or made UNUSABLE) at once, not left to its lease."""
+    try:
+        return str(exc)
+    except Exception:
+        return "(its message could not be read)"

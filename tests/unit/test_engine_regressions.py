@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import iqbridge
@@ -44,3 +46,23 @@ def test_release_with_delay_is_not_redelivered_early_by_the_broker() -> None:
         third = queue.get("B1")
         assert third is not None and third.msg_id == msg
         assert queue.state(msg).subscribers["B1"].attempt == 3
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def test_a_handler_exception_that_cannot_be_printed_still_gives_the_message_back(
+    tmp_path: Path,
+) -> None:
+    with iqbridge.connect(f"sqlite:///{tmp_path}/q.db") as hub:
+        q = hub.queue("orders")
+        msg_id = q.put(b"x", to=["billing"])
+        d = q.get("billing")
+        assert d is not None
+        with pytest.raises(_Unprintable), d:
+            raise _Unprintable
+        view = q.state(msg_id).subscribers["billing"]
+        assert (view.state, view.attempt) == (iqbridge.SubscriberState.AVAILABLE, 2)
+        assert view.reason == "_Unprintable: (its message could not be read)"
