@@ -59,6 +59,7 @@ from iqbridge.stores.sqlite import SqliteStore
 
 from .ibmmq_inventory import IbmMqInventory  # noqa: TID251
 from .ibmmq_link import Conn, Held, Unit, client_module  # noqa: TID251
+from .ibmmq_locks import IbmMqLocks  # noqa: TID251
 from .ibmmq_wire import (  # noqa: TID251
     DEFAULT_MAX_PAYLOAD,
     ENV_PROPERTY,
@@ -85,9 +86,10 @@ _PROP_BUFFER = 64 * 1024
 _MISSING_FOR = 1.0
 
 
-class IbmMqAdapter(IbmMqInventory):
+class IbmMqAdapter(IbmMqInventory, IbmMqLocks):
     """Adapter over an IBM MQ queue manager (client connection); lists its queues for
-    reconciliation through :class:`~iqbridge.adapters.ibmmq_inventory.IbmMqInventory`."""
+    reconciliation through :class:`~iqbridge.adapters.ibmmq_inventory.IbmMqInventory`
+    and locks browsed messages with MQGMO_LOCK (:mod:`iqbridge.adapters.ibmmq_locks`)."""
 
     def __init__(self, mod: Any, settings: Settings, *, url: str) -> None:
         from iqbridge.registry import redact
@@ -112,6 +114,7 @@ class IbmMqAdapter(IbmMqInventory):
         self._missing: dict[str, float] = {}
         self._tracked = {}
         self._closed = False
+        self._native_locks = {}
 
     @classmethod
     def from_url(cls, url: str) -> IbmMqAdapter:
@@ -620,6 +623,7 @@ class IbmMqAdapter(IbmMqInventory):
     def close(self) -> None:
         """Back out every unit of work still open (its messages return to their queues)
         and disconnect."""
+        self._unlock_all_natively()
         with self._lock:
             self._closed = True
             units = list(self._units)

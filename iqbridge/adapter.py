@@ -29,7 +29,7 @@ from iqbridge.model import Envelope, Received
 if TYPE_CHECKING:
     from iqbridge.engine import Change
 
-__all__ = ["Adapter", "Capabilities", "Colocated", "Fenced"]
+__all__ = ["AcksInTransaction", "Adapter", "Capabilities", "Colocated", "Fenced", "LocksNatively"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,4 +220,42 @@ class TakesOver(Protocol):
 
     def take_over(self, queue: str, group: str) -> int:
         """Give back every entry the group's consumers hold; returns how many."""
+        ...
+
+
+@runtime_checkable
+class AcksInTransaction(Protocol):
+    """An adapter whose broker lives in a database the application can write in (Oracle
+    AQ): the acknowledgement of a delivery finished in the application's transaction
+    (``delivery.done(transaction=...)``) is made in that same transaction, so the broker
+    forgets the message exactly when the business rows and the DONE of the index commit,
+    and never otherwise."""
+
+    def ack_in(self, connection: object, queue: str, group: str, refs: Sequence[str]) -> list[str]:
+        """Acknowledge ``refs`` (entries this process holds for ``group``) on the
+        application's driver connection ``connection``, uncommitted; return those it
+        could (the others are acknowledged after the commit, as on any broker)."""
+        ...
+
+    def ack_rolled_back(self, queue: str, group: str, refs: Sequence[str]) -> None:
+        """The transaction of an :meth:`ack_in` rolled back: ``refs`` are the broker's
+        again; hold them for the group once more where possible."""
+        ...
+
+
+@runtime_checkable
+class LocksNatively(Protocol):
+    """An adapter that also locks browsed messages on the broker itself (IBM MQ's
+    MQGMO_LOCK), so that plain clients of the broker pass them by too while the index's
+    lock (``queue.browse(lock=True)``) lasts."""
+
+    def lock_natively(
+        self, queue: str, entries: Sequence[tuple[str, str]], lock_id: str, lock_for: float | None
+    ) -> int:
+        """Lock each ``(group, native reference)`` under ``lock_id`` for at most
+        ``lock_for`` seconds; return how many the broker locked."""
+        ...
+
+    def unlock_natively(self, queue: str, lock_id: str, refs: Sequence[str] | None = None) -> int:
+        """Release the broker's locks of ``lock_id`` (only of ``refs``, when given)."""
         ...

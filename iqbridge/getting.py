@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from iqbridge import engine
+from iqbridge.adapter import LocksNatively
 from iqbridge.batch import Batch
 from iqbridge.delivery import Delivery
 from iqbridge.engine import Change
@@ -107,10 +108,24 @@ class Getting(Settling, Housekeeping):
             self.hub.wait(min(pause, remaining))
             pause = min(pause * 2, 0.05)
 
+    def _lapse_native_locks(self, now: int) -> None:
+        """Release the broker's side of this queue's browse locks that ended by now
+        (their index side lapses by itself), before the broker is asked for messages."""
+        adapter = self._adapter
+        for (queue, lock_id), until in list(self.hub.native_locks.items()):
+            if queue == self.name and until is not None and until <= now:
+                self.hub.native_locks.pop((queue, lock_id), None)
+                if isinstance(adapter, LocksNatively):
+                    self._broker_call(
+                        functools.partial(adapter.unlock_natively, self.name, lock_id)
+                    )
+
     def _get_once(
         self, subscriber: str, want: int, lease_s: float | None, lock_id: str | None
     ) -> list[Delivery]:
         now = self._now()
+        if self.hub.native_locks:
+            self._lapse_native_locks(now)
         sweep = time.monotonic() >= self._next_sweep
         if sweep:
             self._next_sweep = time.monotonic() + self.sweep_interval
@@ -289,6 +304,11 @@ class Getting(Settling, Housekeeping):
             applied = store.commit_each(changes) if changes else []
         out: list[Delivery] = []
         done = {c.msg_id for c, ok in zip(changes, applied, strict=True) if ok}
+        if lock_id is not None and done and isinstance(self._adapter, LocksNatively):
+            refs = [r.native_ref for r, _, _ in claims if r.msg_id in done and r.native_ref]
+            self._broker_call(
+                functools.partial(self._adapter.unlock_natively, self.name, lock_id, refs)
+            )
         for rec, change, token in claims:
             env = envs.get(rec.msg_id)
             if rec.msg_id not in done or env is None:

@@ -82,6 +82,10 @@ class Hub:
         #: (queue, subscriber) pairs this process gave a message back to (native-group
         #: brokers): their next get asks the index for redeliveries at once.
         self.redeliveries: set[tuple[str, str]] = set()
+        #: Browse locks this process also holds on the broker (IBM MQ's MQGMO_LOCK), by
+        #: (queue, lock_id): when they end, in microseconds by the hub's clock (None: at
+        #: unlock). A get releases those past their end.
+        self.native_locks: dict[tuple[str, str], int | None] = {}
         adapter_db = getattr(adapter, "db", None)
         #: Broker rows and index live in one database: one transaction covers both.
         self.shares_transaction = bool(

@@ -7,8 +7,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from iqbridge import engine
+from iqbridge.adapter import LocksNatively
 from iqbridge.engine import Change
-from iqbridge.errors import InvalidArgument, LockedError, MessageNotFound, PayloadNotRetained
+from iqbridge.errors import (
+    InvalidArgument,
+    IQError,
+    LockedError,
+    MessageNotFound,
+    PayloadNotRetained,
+)
 from iqbridge.ids import new_token
 from iqbridge.model import (
     Envelope,
@@ -155,10 +162,38 @@ class Looking(QueueCore):
             except LockedError:
                 continue
             locked.append(item)
+        if locked and isinstance(self._adapter, LocksNatively):
+            self._lock_natively(self._adapter, lock_id, [i.msg_id for i in locked], until_s)
         return Browse(locked, lock_id)
+
+    def _lock_natively(
+        self, adapter: LocksNatively, lock_id: str, ids: list[str], lock_for: float | None
+    ) -> None:
+        """Lock the broker's entries of the messages too, for each group still to get
+        them (IBM MQ: plain MQ clients then pass them by as well)."""
+        entries: list[tuple[str, str]] = []
+        for rec in self._store.load_many(ids).values():
+            if rec.native_ref is None:
+                continue
+            for subscriber, member in rec.members.items():
+                if member.state is SubscriberState.AVAILABLE:
+                    entry = (self._group_of(rec, subscriber), rec.native_ref)
+                    if entry not in entries:
+                        entries.append(entry)
+        until = None if lock_for is None else self._now() + int(lock_for * 1_000_000)
+        try:
+            if adapter.lock_natively(self.name, entries, lock_id, lock_for):
+                self.hub.native_locks[(self.name, lock_id)] = until
+        except IQError as exc:
+            log.warning(
+                "queue %s: browse lock %s held in the index only: %s", self.name, lock_id, exc
+            )
 
     def unlock(self, lock_id: str) -> int:
         """Release every message locked under ``lock_id``; return how many."""
+        if self.hub.native_locks.pop((self.name, lock_id), 0) != 0:
+            assert isinstance(self._adapter, LocksNatively)
+            self._adapter.unlock_natively(self.name, lock_id)
         count = 0
         for item in self._store.search(self.name, Filter(lock_id=lock_id, limit=100_000)):
             try:

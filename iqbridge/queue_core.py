@@ -43,6 +43,7 @@ class HubLink(Protocol):
     client_id: str
     publisher: str
     redeliveries: set[tuple[str, str]]
+    native_locks: dict[tuple[str, str], int | None]
     shares_transaction: bool
     colocated: Colocated | None
 
@@ -210,7 +211,7 @@ class QueueCore:
         for group in sorted(groups):
             self._broker_call(functools.partial(self._adapter.requeue, self.name, group, ref))
 
-    def _broker_call(self, call: Callable[[], None]) -> None:
+    def _broker_call(self, call: Callable[[], object]) -> None:
         # The index already holds the outcome; if the broker cannot be told now, its
         # redelivery is recognised later (once-only) and acknowledged then.
         try:
