@@ -537,6 +537,63 @@ class OracleAQAdapter(OracleAQInventory):
             if loose:
                 self._remove(queue, group, loose)
 
+    def ack_in(self, connection: object, queue: str, group: str, refs: Sequence[str]) -> list[str]:
+        """REMOVE entries in the application's session ``connection`` (visibility ON_COMMIT,
+        uncommitted): they leave the queue when its transaction commits, with the rows
+        and the DONE written in it, and are ready again if it rolls back. The lock this
+        process holds on each is let go first (two sessions cannot share it). Returns the
+        refs removed so; none when ``connection`` is not a session on this queue's
+        database (its browse by msgid finds nothing) or fails: those are acknowledged
+        after the commit instead."""
+        if not callable(getattr(connection, "queue", None)):
+            return []
+        joined: list[str] = []
+        with self._lock:
+            for ref in refs:
+                msgid = bytes.fromhex(ref)
+                try:
+                    if not self._pull(
+                        self._deq(connection, queue, group, self.client.DEQ_BROWSE, msgid), 1
+                    ):
+                        continue  # another database, or no longer the group's to remove
+                    held = self._held.get((queue, group, ref))
+                    if held is not None:
+                        self._reshuffle(held, {ref})
+                    remove = self.client.DEQ_REMOVE_NODATA
+                    if self._pull(self._deq(connection, queue, group, remove, msgid), 1):
+                        joined.append(ref)
+                except self.client.Error as exc:  # the session is on another database
+                    log.debug("queue %s: no acknowledgement in the transaction (%s)", queue,
+                              _codes(exc)[1] or type(exc).__name__)  # fmt: skip
+                except IQError as exc:
+                    log.warning("queue %s: acknowledgement left until the commit: %s", queue, exc)
+        return joined
+
+    def ack_rolled_back(self, queue: str, group: str, refs: Sequence[str]) -> None:
+        """The application's transaction rolled back the REMOVEs of :meth:`ack_in`: lock
+        the entries again in a session of this process, as they were held before (an
+        entry another session took meanwhile stays theirs)."""
+        with self._lock:
+            for ref in refs:
+                conn = self._session()
+                try:
+                    q = self._deq(conn, queue, group, self.client.DEQ_LOCKED, bytes.fromhex(ref))
+                    if not self._pull(q, 1):
+                        self._give_back(conn)
+                        continue
+                except self.client.Error as exc:
+                    self._close(conn)
+                    log.warning(
+                        "queue %s: could not hold a message again: %s",
+                        queue,
+                        self._error(exc, "lock a message", queue),
+                    )
+                    continue
+                # Held for no consumer in particular: any consumer of the group may take
+                # it over once it has been idle long enough, as with every held entry.
+                held = _Held(conn, queue, group, "", time.monotonic(), {ref})
+                self._held[(queue, group, ref)] = held
+
     def _remove(self, queue: str, group: str, refs: Sequence[str]) -> None:
         """REMOVE entries no session of ours holds (a redelivery, another process's)."""
         try:

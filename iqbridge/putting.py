@@ -90,7 +90,7 @@ class _Spec:
             check_name("publisher", publisher),
             correlation_id,
             priority,
-            ordering_key,
+            ordering_key or None,  # an empty key is none: the publisher's order
             ttl,
             parents,
             hdrs,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from iqbridge import engine
+from iqbridge.adapter import AcksInTransaction
 from iqbridge.engine import Change
 from iqbridge.errors import IllegalTransition, InvalidArgument, IQError
 from iqbridge.model import MessageRecord
@@ -19,7 +20,7 @@ from iqbridge.moves import DONE, PROCESS, Move
 from iqbridge.observability import tracing
 from iqbridge.queue_core import QueueCore, to_seconds
 from iqbridge.states import IN_DOUBT, PublisherState
-from iqbridge.transaction import Binding, Transaction, join
+from iqbridge.transaction import Binding, Transaction, driver_connection, join
 
 if TYPE_CHECKING:
     from iqbridge.delivery import Delivery
@@ -121,6 +122,40 @@ class Settling(QueueCore):
         if wake:
             self.hub.notify()
 
+    def _tell_after_commit(
+        self, binding: Binding, transaction: object, told: Sequence[tuple[Change, str, Move]]
+    ) -> None:
+        """What the broker must hear of moves made in the application's transaction.
+        An acknowledgement the broker can make in that same transaction
+        (:class:`~iqbridge.adapter.AcksInTransaction`: Oracle AQ, the application's
+        connection on its database) is made now and commits or rolls back with it; the
+        rest is told after the commit."""
+        adapter = self._adapter
+        joined: set[tuple[str, str]] = set()
+        conn = driver_connection(transaction) if self._native else None
+        if conn is not None and isinstance(adapter, AcksInTransaction):
+            acks: dict[str, list[str]] = {}
+            for change, subscriber, move in told:
+                if move.kind == "done" and change.record.native_ref:
+                    group = self._group_of(change.record, subscriber)
+                    acks.setdefault(group, []).append(change.record.native_ref)
+            for group, refs in acks.items():
+                done = adapter.ack_in(conn, self.name, group, refs)
+                joined.update((group, ref) for ref in done)
+                if done:
+                    binding.on_rollback(
+                        functools.partial(adapter.ack_rolled_back, self.name, group, done)
+                    )
+        rest = [
+            (c, s, m)
+            for c, s, m in told
+            if not (
+                m.kind == "done" and (self._group_of(c.record, s), c.record.native_ref) in joined
+            )
+        ]
+        if rest:
+            binding.after_commit(lambda: self._tell_broker(rest))
+
     def _settle_many(
         self, moves: Sequence[tuple[Delivery, Move]], transaction: object = None
     ) -> Settled:
@@ -183,7 +218,7 @@ class Settling(QueueCore):
         if binding is None:
             self._tell_broker(told)
         else:
-            binding.after_commit(lambda: self._tell_broker(told))
+            self._tell_after_commit(binding, transaction, told)
         return result
 
     def _process(
@@ -210,7 +245,7 @@ class Settling(QueueCore):
                 assert change is not None
                 if on_rollback is not None:
                     binding.on_rollback(on_rollback)
-            binding.after_commit(lambda: self._tell_broker([(change, subscriber, DONE)]))
+            self._tell_after_commit(binding, transaction, [(change, subscriber, DONE)])
             return change
 
     def transaction(self, connection: object) -> Transaction:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from iqbridge.stores.base import IndexStore
 
-__all__ = ["Binding", "Transaction", "join"]
+__all__ = ["Binding", "Transaction", "driver_connection", "join"]
 
 log = logging.getLogger("iqbridge")
 
@@ -200,3 +200,13 @@ def join(store: IndexStore, transaction: Any) -> Iterator[Binding]:
         tx = info.get(_ACTIVE) if isinstance(info, dict) else None
     with joinable.join(conn):
         yield Binding(tx)
+
+
+def driver_connection(transaction: object) -> object | None:
+    """The driver's own connection (python-oracledb's, psycopg's, ...) under the
+    application transaction ``transaction`` (a :class:`Transaction` inside its block or
+    a SQLAlchemy ``Connection``), or None."""
+    conn = transaction.connection if isinstance(transaction, Transaction) else transaction
+    pooled = getattr(conn, "connection", None)
+    found: object | None = getattr(pooled, "driver_connection", None)
+    return found

@@ -33,8 +33,10 @@ runs inside the application's transaction and commits or rolls back with its bus
 rows (see :class:`iqbridge.transaction.Transaction`).
 
 Oracle goes through the same code and only uses what SQLAlchemy's Oracle dialect
-renders (identity columns need Oracle 12c or later; Oracle stores an empty string as
-NULL, so empty publisher or ordering-key names cannot be stored); it is not tested here.
+renders (identity columns need Oracle 12c or later; Oracle stores an empty string or
+RAW as NULL: an empty retained body reads back as ``b""``, and the facade never stores an
+empty ordering key). Here it runs against the fake python-oracledb
+(:mod:`iqbridge.testing.fakes.oracledb_sql`), live only under Docker.
 
 The store is :class:`SqlStore`, composed of its parts: engines, statements, connections
 and transactions (:mod:`iqbridge.stores.sql_base`), the write path

@@ -76,7 +76,7 @@ class SqlReads(SqlStoreBase):
                     for mid, body, headers in conn.execute(
                         self._retained, {"ids": ids[i : i + _CHUNK]}
                     ):
-                        out[mid] = Retained(bytes(body), json.loads(headers))
+                        out[mid] = Retained(bytes(body or b""), json.loads(headers))
         except sa.exc.SQLAlchemyError as exc:
             raise self._unavailable(exc) from None
         return out

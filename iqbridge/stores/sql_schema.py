@@ -341,14 +341,13 @@ def make_tables(prefix: str, schema: str | None) -> Tables:
     )
     sa.Index(name("journal_msg"), journal.c.msg_id, journal.c.seq)
     # Retained payload copies (Change.retain), written with the message row, purged with it.
-    # LONGBLOB on MySQL/MariaDB: a plain BLOB holds 64 KiB, a MEDIUMBLOB 16 MiB.
+    # LONGBLOB on MySQL/MariaDB: a plain BLOB holds 64 KiB, a MEDIUMBLOB 16 MiB. The body
+    # is nullable because Oracle stores an empty RAW as NULL: NULL reads as b"".
     payloads = sa.Table(
         name("payloads"),
         md,
         sa.Column("msg_id", sa.String(128), primary_key=True),
-        sa.Column(
-            "body", sa.LargeBinary().with_variant(LONGBLOB(), "mysql", "mariadb"), nullable=False
-        ),
+        sa.Column("body", sa.LargeBinary().with_variant(LONGBLOB(), "mysql", "mariadb")),
         sa.Column("headers", long_text, nullable=False),
         **opts,
     )

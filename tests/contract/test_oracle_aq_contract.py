@@ -3,9 +3,9 @@
 Oracle cannot run on the build machines, so ``iqbridge.testing.fakes.oracledb`` (written
 from python-oracledb's own code and Oracle's DBMS_AQ documentation) stands in for the
 driver: it is put in ``sys.modules["oracledb"]``, where the adapter's lazy import finds
-it; the adapter has no branch for it. The index is a separate memory store, as AQ and the
-index share no transaction here. The same suite runs live on Oracle Free under Docker in
-``test_oracle_aq_docker_contract.py``.
+it; the adapter has no branch for it. The index is a separate memory store, and, in
+``TestOracleAQWithOracleIndex``, the SQL store on the same (fake) Oracle database. The
+same suite runs live on Oracle Free under Docker in ``test_oracle_aq_docker_contract.py``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from iqbridge.queue import Queue
 from iqbridge.stores.memory import MemoryStore
 from iqbridge.testing.adapter_contract import AdapterContract
 from iqbridge.testing.fakes import oracledb as fake_oracledb
-from tests.oracle_helpers import URL, fake_oracle_fixture  # noqa: F401 (a fixture)
+from tests.oracle_helpers import PASSWORD, URL, fake_oracle_fixture  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.oracle
+
+INDEX_URL = f"oracle+oracledb://iq:{PASSWORD}@oracle.test:1521/?service_name=FREEPDB1"
 
 
 class TestOracleAQAdapter(AdapterContract):
@@ -74,3 +76,12 @@ class TestOracleAQRedeliverByCopy(TestOracleAQAdapter):
         assert rec.native_ref is not None
         group = rec.members[subscriber].pool or subscriber
         assert adapter.redeliver(queue.name, group, rec.native_ref)
+
+
+class TestOracleAQWithOracleIndex(TestOracleAQAdapter):
+    """The contract with the index where production keeps it: the SQL store on the same
+    Oracle database (``oracle+oracledb://``, SQLAlchemy's Oracle dialect against the
+    fake's SQL side), which exactly-once with the application's transaction needs."""
+
+    def make_hub(self, clock: Callable[[], float]) -> iqbridge.Hub:
+        return iqbridge.connect(URL, index=INDEX_URL, clock=clock)

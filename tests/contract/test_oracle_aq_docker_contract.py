@@ -85,3 +85,64 @@ class TestOracleAQLive(AdapterContract):
         assert rec.native_ref is not None
         group = rec.members[subscriber].pool or subscriber
         assert adapter.redeliver(queue.name, group, rec.native_ref)
+
+
+class TestOracleAQLiveWithOracleIndex(TestOracleAQLive):
+    """The same, with the index in the same database (the SQL store, ``oracle+oracledb``)."""
+
+    def make_hub(self, clock: Callable[[], float]) -> iqbridge.Hub:
+        url = f"oracle+aq://{USER}:{PASSWORD}@{self.dsn}?prefix={self.prefix}"
+        return iqbridge.connect(url, index=index_url(self.dsn, self.prefix), clock=clock)
+
+
+def index_url(dsn: str, prefix: str) -> str:
+    """The SQL index on the container's database, with tables of the test's own."""
+    host_port, service = dsn.split("/")
+    return (
+        f"oracle+oracledb://{USER}:{PASSWORD}@{host_port}/?service_name={service}"
+        f"&prefix={prefix.lower()}"
+    )
+
+
+def test_done_in_the_transaction_removes_the_message_in_that_commit_live(
+    oracle_free: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/integration/test_oracle_aq_exactly_once.py's first case on a real Oracle:
+    with the after-commit acknowledgement switched off, the message leaves the queue
+    exactly when the application's transaction commits."""
+    import sqlalchemy as sa
+
+    prefix = f"T{uuid.uuid4().hex[:6].upper()}_"
+    url = f"oracle+aq://{USER}:{PASSWORD}@{oracle_free}?prefix={prefix}"
+    index = index_url(oracle_free, prefix)
+    app = sa.create_engine(index.split("&prefix=")[0])
+    invoices = sa.Table(
+        f"{prefix.lower()}invoices",
+        sa.MetaData(),
+        sa.Column("msg_id", sa.String(64), primary_key=True),
+    )
+    invoices.create(app)
+    with iqbridge.connect(url, index=index) as hub:
+        q = hub.queue("billing")
+        q.subscribe("invoicer")
+        msg = q.put(b"invoice me", to=["invoicer"])
+        d = q.get("invoicer", timeout=5)
+        assert d is not None and d.msg_id == msg
+        monkeypatch.setattr(hub.adapter, "ack", lambda *a: None)
+        adapter = hub.adapter
+        assert isinstance(adapter, OracleAQAdapter)
+        name = adapter.queue_name("billing")
+
+        def states() -> list[str]:
+            with oracledb.connect(user=USER, password=PASSWORD, dsn=oracle_free) as conn:
+                cur = conn.cursor()
+                cur.execute(f"SELECT msg_state FROM AQ${name}_QT WHERE queue = :q", {"q": name})
+                return [str(s) for (s,) in cur.fetchall()]
+
+        with q.transaction(app) as tx:
+            tx.connection.execute(invoices.insert().values(msg_id=d.msg_id))
+            d.done(transaction=tx)
+            assert states() == ["READY"]
+        assert states() == ["PROCESSED"]
+        assert q.state(msg).subscribers["invoicer"].state.value in ("DONE", "JOURNALLED")
+    app.dispose()

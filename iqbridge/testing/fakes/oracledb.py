@@ -9,9 +9,10 @@ written for python-oracledb runs against it unchanged.
 What it models, in one process-wide "database" (:func:`database`) shared by every
 connection, each connection with its own uncommitted work, thread-safe:
 
-* ``connect(user=, password=, dsn="host:port/service")``: the listener must be known
-  (:meth:`Database.listen`; otherwise ``OperationalError`` DPY-6005), the service too
-  (ORA-12514) and the user's password (ORA-01017).
+* ``connect(user=, password=, dsn="host:port/service")`` (or ``dsn=makedsn(host, port,
+  service_name=)``): the listener must be known (:meth:`Database.listen`; otherwise
+  ``OperationalError`` DPY-6005), the service too (ORA-12514) and the user's password
+  (ORA-01017).
 * ``DBMS_AQADM`` through ``cursor().callproc``: ``CREATE_QUEUE_TABLE`` (RAW payloads,
   ``multiple_consumers``), ``CREATE_QUEUE`` (``max_retries``, ``retention_time``,
   ``queue_type`` 0 normal / 1 exception), ``START_QUEUE``, ``DROP_QUEUE``; and through
@@ -27,7 +28,13 @@ connection, each connection with its own uncommitted work, thread-safe:
 * ``Database.stop()`` / ``start()``: the instance goes down (sessions gone, their
   uncommitted work rolled back: DPY-4011 on their next call, DPY-6005 on connect) and
   comes back.
-  Anything else raises ``NotImplementedError`` (the fake says what it does not model).
+  AQ calls it does not model raise ``NotImplementedError``; other statements are SQL.
+* SQL, in the same database and transaction as the AQ work (exactly-once needs the
+  index there): :mod:`~iqbridge.testing.fakes.oracledb_sql` says what (SQLite runs it
+  after rewriting). ``commit``/``rollback``/``close`` end a session's SQL and AQ work
+  together; ``Database.stop`` drops uncommitted SQL work; :func:`reset` empties the SQL
+  database too. The DB-API names (exceptions, ``DB_TYPE_*``, ``makedsn``, ``Var`` ...)
+  are in :mod:`~iqbridge.testing.fakes.oracledb_types`, re-exported here.
 * ``Connection.queue(name)``: ``enqone``/``enqmany`` (visibility ON_COMMIT or
   IMMEDIATE; per-message ``recipients`` or the queue's subscribers; ORA-24033 when a
   multi-consumer message has neither), ``deqone``/``deqmany`` with ``deqoptions``:
@@ -56,9 +63,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from iqbridge.testing.fakes.oracledb_sql import SqlCursor, SqlDatabase, SqlSession
+from iqbridge.testing.fakes.oracledb_types import *  # noqa: F403 - the module's DB-API names
+from iqbridge.testing.fakes.oracledb_types import (
+    DatabaseError,
+    Error,
+    InterfaceError,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+    _Error,
+    _ora,
+    parse_dsn,
+)
+
 #: The python-oracledb release whose API the fake models (thin-mode AQ with array
 #: enqueue and dequeue came in 3.1).
-__version__ = "3.1.0"
+__version__ = version = "3.1.0"
 
 __all__ = [
     "Connection",
@@ -97,55 +118,6 @@ MSG_NO_EXPIRATION = -1
 
 _STATE_NAMES = {MSG_READY: "READY", MSG_WAITING: "WAIT", MSG_PROCESSED: "PROCESSED"}
 _STATE_NAMES[MSG_EXPIRED] = "EXPIRED"
-
-
-# --- exceptions, as src/oracledb/exceptions.py and errors.py ------------------------------
-
-
-class Error(Exception):
-    """Root of the driver's exceptions."""
-
-
-class InterfaceError(Error):
-    """A misuse of the interface: a call on a closed connection."""
-
-
-class DatabaseError(Error):
-    """An error the database (or the driver talking to it) reported."""
-
-
-class OperationalError(DatabaseError):
-    """The connection failed or broke."""
-
-
-class ProgrammingError(DatabaseError):
-    """A misuse of the API."""
-
-
-class NotSupportedError(DatabaseError):
-    """Something the driver (in this mode) does not do."""
-
-
-class _Error:
-    """The object in ``exc.args[0]``: ``code``, ``full_code``, ``message`` as the driver's."""
-
-    def __init__(self, message: str, code: int = 0) -> None:
-        self.message = message
-        self.code = code
-        self.offset = 0
-        self.context: str | None = None
-        self.isrecoverable = False
-        self.iswarning = False
-        self.is_session_dead = False
-        pos = message.find(":")
-        self.full_code = message[:pos] if pos > 0 else ""
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def _ora(code: int, text: str, cls: type[DatabaseError] = DatabaseError) -> DatabaseError:
-    return cls(_Error(f"ORA-{code:05d}: {text}", code))
 
 
 # --- the database ----------------------------------------------------------------------
@@ -211,6 +183,10 @@ class Database:
         self.queues: dict[str, _Queue] = {}
         self._seq = itertools.count(1)
         self._conn_ids = itertools.count(1)
+        old: SqlDatabase | None = getattr(self, "sql", None)
+        if old is not None:
+            old.close()
+        self.sql: SqlDatabase = SqlDatabase()  # the tables (SQLite: oracledb_sql)
         self.up = True
         self.generation = 0
 
@@ -227,6 +203,7 @@ class Database:
         with self.cond:
             self.up = False
             self.generation += 1
+            self.sql.drop_sessions()
             for q in list(self.queues.values()):
                 q.messages = [m for m in q.messages if m.owner is None]
                 for m in list(q.messages):
@@ -340,18 +317,17 @@ def reset() -> Database:
 
 # --- connections -----------------------------------------------------------------------
 
-_DSN = re.compile(r"^(?P<host>[^:/]+)(?::(?P<port>\d+))?/(?P<service>[\w.$#-]+)$")
-
 
 def connect(
     dsn: str | None = None, *, user: str | None = None, password: str | None = None, **_: Any
 ) -> Connection:
-    """Open a connection (thin mode): ``dsn`` is ``host:port/service_name``."""
+    """Open a connection (thin mode): ``dsn`` is ``host:port/service_name`` or what
+    :func:`makedsn` builds with a ``service_name``."""
     db = _DB
-    match = _DSN.match(dsn or "")
-    if match is None:
+    parsed = parse_dsn(dsn or "")
+    if parsed is None:
         raise DatabaseError(_Error(f'DPY-4017: invalid connect descriptor "{dsn}"'))
-    host, port = match["host"].lower(), int(match["port"] or 1521)
+    host, port, service = parsed
     with db.cond:
         if (host, port) not in db.listeners or not db.up:
             raise OperationalError(
@@ -360,7 +336,7 @@ def connect(
                     "[Errno 111] Connection refused"
                 )
             )
-        if match["service"].upper() not in db.services:
+        if service.upper() not in db.services:
             raise _ora(12514, "Cannot connect to database. Service is not registered")
         if not user or db.users.get(user.upper()) != password:
             raise _ora(1017, "invalid credential or not authorized; logon denied")
@@ -490,6 +466,7 @@ class Queue:
                 )  # fmt: skip
                 q.messages.append(m)
                 props._msgid, props._enqtime = m.msgid, m.enqtime
+                conn._aq_work += 1
             db.cond.notify_all()
 
     def deqone(self) -> MessageProperties | None:
@@ -559,6 +536,7 @@ class Queue:
                 else:
                     c.locked_by, c.removing = me, True
             self._last = key
+            self.connection._aq_work += opts.mode != DEQ_BROWSE
             props = self._props(m, c)
             if opts.mode == DEQ_REMOVE_NODATA:
                 props.payload = None
@@ -589,21 +567,11 @@ _VIEW_COLS = (
 )  # fmt: skip
 
 
-class Cursor:
-    """A cursor: ``callproc`` for DBMS_AQADM and the few statements listed in the module."""
+class Cursor(SqlCursor):
+    """A cursor: ``callproc`` for DBMS_AQADM, the AQ statements listed in the module, and
+    SQL (:class:`~iqbridge.testing.fakes.oracledb_sql.SqlCursor`)."""
 
-    def __init__(self, conn: Connection) -> None:
-        self.connection = conn
-        self._rows: list[tuple[Any, ...]] = []
-
-    def __enter__(self) -> Cursor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Nothing to release."""
+    connection: Connection
 
     def callproc(
         self,
@@ -648,10 +616,16 @@ class Cursor:
                 raise NotImplementedError(f"the fake does not model {name}")
         return list(parameters)
 
-    def execute(self, statement: str, parameters: Any = None) -> Cursor:
-        """Run one of the statements the module docstring lists."""
+    def execute(self, statement: str, parameters: Any = None) -> Cursor | None:
+        """Run one of the AQ statements the module docstring lists, or SQL."""
         params = parameters or {}
         db = self.connection._live()
+        if not (_SUBSCRIBER.search(statement) or _PURGE.search(statement)) and not _VIEW.match(
+            statement
+        ):
+            super().execute(statement, parameters)
+            return self if self.description is not None else None
+        self._rows, self._pos, self.description = [], 0, None
         with db.cond:
             if _SUBSCRIBER.search(statement):
                 values = list(params.values()) if isinstance(params, dict) else list(params)
@@ -673,8 +647,6 @@ class Cursor:
                         q.messages = [m for m in q.messages if m.msgid not in ids]
             elif match := _VIEW.match(statement):
                 self._rows = self._view(db, match, params)
-            else:
-                raise NotImplementedError(f"the fake does not model: {statement.strip()[:80]}")
         return self
 
     def _view(self, db: Database, match: re.Match[str], params: Any) -> list[tuple[Any, ...]]:
@@ -711,11 +683,6 @@ class Cursor:
                     rows.append(tuple(row[c] for c in cols))
         return rows
 
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        """The rows of the last query."""
-        rows, self._rows = self._rows, []
-        return rows
-
 
 class Connection:
     """A connection (one session), as ``oracledb.Connection``."""
@@ -726,6 +693,24 @@ class Connection:
         self._generation = generation
         self.user = user
         self.autocommit = False
+        self.version = "23.5.0.24.7"  # Oracle Database 23ai Free
+        self.thin, self.max_identifier_length, self.stmtcachesize = True, 128, 20
+        self.outputtypehandler: Any = None
+        self._sql: SqlSession | None = None  # opened on the first SQL statement
+        self._aq_work = 0  # AQ operations so far (a savepoint notes where it was)
+
+    def _sql_session(self) -> SqlSession:
+        if self._sql is None:
+            self._sql = self._live().sql.session(self.user)
+        return self._sql
+
+    def _end(self, commit: bool, close: bool = False) -> None:
+        db = self._live()
+        if self._sql is not None:
+            self._sql.end(commit)
+            if close:
+                self._sql.close()
+        db.release(self._id, commit=commit)
 
     def _live(self) -> Database:
         if self._db is None:
@@ -769,21 +754,22 @@ class Connection:
         return Cursor(self)
 
     def commit(self) -> None:
-        """Make this session's enqueues and removals permanent; release its locks."""
-        self._live().release(self._id, commit=True)
+        """Make this session's SQL work, enqueues and removals permanent; release its
+        locks."""
+        self._end(commit=True)
 
     def rollback(self) -> None:
-        """Undo this session's enqueues; give back what it dequeued (attempts + 1)."""
-        self._live().release(self._id, commit=False)
+        """Undo this session's SQL work and enqueues; give back what it dequeued
+        (attempts + 1)."""
+        self._end(commit=False)
 
     def ping(self) -> None:
         """Check the connection."""
         self._live()
 
     def close(self) -> None:
-        """Roll back and close."""
-        db = self._live()
-        db.release(self._id, commit=False)
+        """Roll back (SQL and AQ work) and close."""
+        self._end(commit=False, close=True)
         self._db = None
 
     def __enter__(self) -> Connection:
