@@ -24,3 +24,22 @@ def fake_oracle_fixture(monkeypatch: pytest.MonkeyPatch) -> Iterator[fake_oracle
     db.add_user("iq", PASSWORD)
     yield db
     fake_oracledb.reset()
+
+
+#: The database the fake's own unit tests talk to, as user ``app``.
+FAKE_DSN = "db.test:1521/FREEPDB1"
+
+
+@pytest.fixture(name="db")
+def fake_db_fixture() -> Iterator[fake_oracledb.Database]:
+    """A fresh fake database at :data:`FAKE_DSN` with a user ``app`` (password ``pw``)."""
+    d = fake_oracledb.reset()
+    d.listen("db.test", 1521, "FREEPDB1")
+    d.add_user("app", "pw")
+    yield d
+    fake_oracledb.reset()
+
+
+def fake_connect() -> fake_oracledb.Connection:
+    """A session of user ``app`` on :data:`FAKE_DSN`."""
+    return fake_oracledb.connect(user="app", password="pw", dsn=FAKE_DSN)

@@ -6,16 +6,17 @@ correlation and msgid matching, expiration, retention, and the driver's errors."
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from iqbridge.testing.fakes import oracledb as fake
+from tests.oracle_helpers import FAKE_DSN, fake_db_fixture  # noqa: F401 (a fixture)
+from tests.oracle_helpers import fake_connect as connect
 
 pytestmark = pytest.mark.oracle
 
-DSN = "db.test:1521/FREEPDB1"
+DSN = FAKE_DSN
 
 
 class Clock:
@@ -31,19 +32,6 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
     monkeypatch.setattr(fake, "time", types.SimpleNamespace(monotonic=c.monotonic))
     return c
-
-
-@pytest.fixture
-def db() -> Iterator[fake.Database]:
-    d = fake.reset()
-    d.listen("db.test", 1521, "FREEPDB1")
-    d.add_user("app", "pw")
-    yield d
-    fake.reset()
-
-
-def connect() -> fake.Connection:
-    return fake.connect(user="app", password="pw", dsn=DSN)
 
 
 def make_queue(
