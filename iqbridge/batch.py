@@ -148,7 +148,9 @@ class Batch(Sequence[Delivery]):
         self.in_process()
         if self._deliveries:
             d = self._deliveries[0]
-            self._span = tracing.begin(self._queue, d.subscriber, count=len(self._deliveries))
+            self._span = tracing.begin(
+                self._queue, d.subscriber, count=len(self._deliveries), messages=self._deliveries
+            )
         return self
 
     def __exit__(

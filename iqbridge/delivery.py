@@ -246,7 +246,11 @@ class Delivery:
     def __enter__(self) -> Delivery:
         self.in_process()
         self._span = tracing.begin(
-            self._queue, self.subscriber, msg_id=self.msg_id, correlation_id=self.correlation_id
+            self._queue,
+            self.subscriber,
+            msg_id=self.msg_id,
+            correlation_id=self.correlation_id,
+            messages=(self,),
         )
         return self
 

@@ -40,6 +40,18 @@ adds ``iqbridge.bridge.route``, ``iqbridge.bridge.destination`` and
 recorded on the span, whose status is then ERROR; in ``with delivery:`` the handler's
 exception marks the process span. A get that finds nothing records no span (a polling
 consumer would otherwise record one per poll); one that fails does.
+
+**Context propagation.** A put writes its span's context into each message's headers
+with OpenTelemetry's global propagator (W3C ``traceparent``, ``tracestate``, ``baggage``
+by default), in place of any it had: the put's span is a child of the caller's current
+context, so the trace goes on from there. Every broker carries headers, so the context
+crosses processes and bridges (a bridge that keeps its source's headers forwards the
+source's context when it is not traced, its own hop's when it is). On the consuming
+side, ``with delivery:`` opens its process span as a child of that creation context (one
+trace from put to processing, wherever it ran); a batch's process span, a get's receive
+span and a bridge hop link to the creation contexts of their messages (up to 128).
+Messages put without tracing carry no such header and are traced from the consumer's
+own context.
 """
 
 from __future__ import annotations
@@ -172,6 +184,52 @@ def _fail(span: Span, exc: BaseException) -> None:
     span.set_status(_trace.Status(_trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
+#: The header a creation context travels in (W3C Trace Context).
+TRACEPARENT = "traceparent"
+#: Links a span keeps to its messages' creation contexts, at most.
+MAX_LINKS = 128
+
+
+def _inject(pairs: Sequence[tuple[object, Any]]) -> None:
+    """Write the current context (the put's span) into each message's headers, in place
+    of a context they carried (a bridge's copy of its source's headers, say)."""
+    from opentelemetry import propagate
+
+    seen: set[int] = set()
+    for _, spec in pairs:
+        headers = getattr(spec, "headers", None)
+        if id(headers) in seen or not isinstance(headers, dict):
+            continue
+        seen.add(id(headers))
+        for field in propagate.get_global_textmap().fields:
+            headers.pop(field, None)
+        propagate.inject(headers)
+
+
+def _creation(headers: object) -> Context | None:
+    """The creation context a message's headers carry, or None."""
+    if not hasattr(headers, "get") or not headers.get(TRACEPARENT):
+        return None
+    from opentelemetry import propagate
+
+    assert _trace is not None
+    ctx = propagate.extract(cast(Any, headers))
+    return ctx if _trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+def _links(messages: Sequence[Any]) -> list[Any]:
+    """Links to the creation contexts of ``messages`` (anything with ``headers``)."""
+    assert _trace is not None
+    out: list[Any] = []
+    for m in messages:
+        ctx = _creation(getattr(m, "headers", None))
+        if ctx is not None:
+            out.append(_trace.Link(_trace.get_current_span(ctx).get_span_context()))
+            if len(out) >= MAX_LINKS:
+                break
+    return out
+
+
 # --- put and get: decorators, since what they record is known once they return -----------
 
 
@@ -191,6 +249,8 @@ def traced_put(fn: F) -> F:
         if len(corr) == 1 and (one := corr.pop()) is not None:
             attrs[CONVERSATION] = one
         with _guarded(tracer, f"put {queue.name}", "PRODUCER", attrs) as span:
+            if span is not None:
+                _quietly(_inject, pairs)
             ids = fn(queue, pairs, *args, **kwargs)
             if len(ids) == 1 and span is not None:
                 _quietly(span.set_attribute, MESSAGE_ID, ids[0])
@@ -239,7 +299,11 @@ def _record_get(
         if got[0].correlation_id is not None:
             attrs[CONVERSATION] = got[0].correlation_id
     span = tracer.start_span(
-        f"get {queue.name}", kind=_kind("CONSUMER"), attributes=attrs, start_time=start
+        f"get {queue.name}",
+        kind=_kind("CONSUMER"),
+        attributes=attrs,
+        start_time=start,
+        links=_links(got),
     )
     if failed is not None:
         _fail(span, failed)
@@ -247,14 +311,16 @@ def _record_get(
 
 
 @contextlib.contextmanager
-def _guarded(tracer: Tracer, name: str, kind: str, attrs: dict[str, Any]) -> Iterator[Span | None]:
+def _guarded(
+    tracer: Tracer, name: str, kind: str, attrs: dict[str, Any], links: list[Any] | None = None
+) -> Iterator[Span | None]:
     """``tracer.start_as_current_span`` whose own failures are logged and ignored: the
     code inside runs, and its outcome (return or exception) is the caller's, whatever
     the telemetry does. Yields the span, or None when it could not start."""
     cm: contextlib.AbstractContextManager[Span] | None = None
     span: Span | None = None
     try:
-        cm = tracer.start_as_current_span(name, kind=_kind(kind), attributes=attrs)
+        cm = tracer.start_as_current_span(name, kind=_kind(kind), attributes=attrs, links=links)
         span = cm.__enter__()
     except Exception as exc:
         log.warning("tracing failed, ignored: %s", type(exc).__name__)
@@ -344,14 +410,17 @@ def begin(
     msg_id: str | None = None,
     count: int | None = None,
     correlation_id: str | None = None,
+    messages: Sequence[Any] = (),
 ) -> Open | None:
     """Open a CONSUMER ``process`` span for ``with delivery:`` (``msg_id``) or ``with
-    batch:`` (``count``) and make it current; None when tracing is off."""
+    batch:`` (``count``) and make it current; None when tracing is off. ``messages``
+    (the deliveries) give the creation contexts: the one message's is the span's parent,
+    a batch's are its links."""
     tracer = _tracer
     if tracer is None:
         return None
     opened: Open | None = _quietly(
-        _open_process, tracer, queue, subscriber, msg_id, count, correlation_id
+        _open_process, tracer, queue, subscriber, msg_id, count, correlation_id, messages
     )
     return opened
 
@@ -363,6 +432,7 @@ def _open_process(
     msg_id: str | None,
     count: int | None,
     correlation_id: str | None,
+    messages: Sequence[Any],
 ) -> Open:
     assert _trace is not None and _context is not None
     attrs = _attrs(queue, "process", "process")
@@ -373,7 +443,14 @@ def _open_process(
         attrs[BATCH_COUNT] = count
     if correlation_id is not None:
         attrs[CONVERSATION] = correlation_id
-    span = tracer.start_span(f"process {_name(queue)}", kind=_kind("CONSUMER"), attributes=attrs)
+    parent = _creation(getattr(messages[0], "headers", None)) if len(messages) == 1 else None
+    span = tracer.start_span(
+        f"process {_name(queue)}",
+        context=parent,
+        kind=_kind("CONSUMER"),
+        attributes=attrs,
+        links=_links(messages) if len(messages) > 1 else None,
+    )
     ctx: Context = _trace.set_span_in_context(span)
     return Open(span, _context.attach(ctx))
 
@@ -441,4 +518,5 @@ def hop(
     attrs["iqbridge.bridge.route"] = route
     attrs["iqbridge.bridge.destination"] = destination
     attrs["iqbridge.parent_ids"] = [d.msg_id for d in deliveries]
-    return _guarded(tracer, f"bridge {_name(source)}", "CONSUMER", attrs)
+    links = _quietly(_links, deliveries) or None
+    return _guarded(tracer, f"bridge {_name(source)}", "CONSUMER", attrs, links)

@@ -9,12 +9,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -22,39 +20,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 import iqbridge
 from iqbridge.bridge import Bridge, parse_config
 from iqbridge.observability import tracing
+from tests.tracing_helpers import attrs, hub_fixture, named, parent_of, spans_fixture  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.configure(provider)
-    try:
-        yield exporter
-    finally:
-        tracing.disable()
-        provider.shutdown()
-
-
-@pytest.fixture
-def hub(tmp_path: Path) -> Iterator[iqbridge.Hub]:
-    with iqbridge.connect(f"sqlite:///{tmp_path}/t.db") as h:
-        yield h
-
-
-def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
-    return [s for s in exporter.get_finished_spans() if s.name == name]
-
-
-def attrs(span: ReadableSpan) -> dict[str, Any]:
-    return dict(span.attributes or {})
-
-
-def parent_of(span: ReadableSpan) -> int | None:
-    return span.parent.span_id if span.parent is not None else None
 
 
 def test_put_get_done_spans(spans: InMemorySpanExporter, hub: iqbridge.Hub) -> None:
