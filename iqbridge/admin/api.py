@@ -30,6 +30,7 @@ from iqbridge.admin.schemas import (
 )
 from iqbridge.admin.service import AdminService, SearchParams
 from iqbridge.admin.state import admin_state
+from iqbridge.admin.throttle import client_of
 
 __all__ = ["bearer", "reader", "router", "writer"]
 
@@ -40,6 +41,7 @@ _bearer = HTTPBearer(
 
 _READ_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "No token, or a wrong one"},
+    429: {"model": ErrorBody, "description": "Too many wrong tokens from this address"},
     404: {"model": ErrorBody, "description": "Unknown hub, queue or message"},
     422: {"model": ErrorBody, "description": "Bad input"},
     503: {"model": ErrorBody, "description": "The hub cannot be reached"},
@@ -52,10 +54,24 @@ _ACT_ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def bearer(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Principal:
-    """The caller of a bearer token; 401 (with WWW-Authenticate) for none or a wrong one."""
+    """The caller of a bearer token; 401 (with WWW-Authenticate) for none or a wrong one,
+    429 (with Retry-After) while the client's address has had too many wrong ones."""
     token = credentials.credentials if credentials is not None else None
-    principal = admin_state(request).tokens.check(token)
+    state = admin_state(request)
+    address = client_of(request)
+    if token:
+        wait = state.throttle.wait(address)
+        if wait is not None:
+            raise AdminHTTPError(
+                429,
+                "too_many_attempts",
+                f"too many wrong tokens from {address}: try again in {wait} s",
+                {"Retry-After": str(wait)},
+            )
+    principal = state.tokens.check(token)
     if principal is None:
+        if token:
+            state.throttle.failed(address)
         raise AdminHTTPError(
             401,
             "unauthorized",

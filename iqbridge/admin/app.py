@@ -34,6 +34,7 @@ from iqbridge.admin.hubs import Hubs
 from iqbridge.admin.service import AdminService
 from iqbridge.admin.sessions import Sessions
 from iqbridge.admin.state import AdminState, admin_state
+from iqbridge.admin.throttle import Throttle
 from iqbridge.errors import IQError
 
 __all__ = ["create_app"]
@@ -59,6 +60,7 @@ def create_app(
         tokens=ring,
         sessions=Sessions(),
         scrub=Scrubber([*ring.secrets(), *hubs.secrets()]),
+        throttle=Throttle(config.failed_logins),
     )
 
     @asynccontextmanager

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from iqbridge.errors import ConfigurationError
 
@@ -37,6 +44,10 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 
 class AdminConfigError(ConfigurationError):
     """The admin configuration is malformed, or a token's value cannot be read."""
+
+
+#: Wrong tokens one client address may present by default (``limits`` notation).
+DEFAULT_RATE = "10/minute"
 
 
 class _Strict(BaseModel):
@@ -89,6 +100,22 @@ class AdminConfig(_Strict):
     tokens: list[TokenSpec] = Field(min_length=1)
     hubs: list[HubSpec] = Field(min_length=1)
     bridges: list[BridgeSpec] = []
+    #: Wrong tokens one client address may present (``limits`` notation, e.g.
+    #: ``10/minute``); past that it gets 429 until the window frees.
+    failed_logins: str = DEFAULT_RATE
+
+    @field_validator("failed_logins")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        from limits import parse
+
+        try:
+            parse(value)
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not a rate: write it as '10/minute', '5 per 30 seconds' ..."
+            ) from None
+        return value
 
     @model_validator(mode="after")
     def _unique_names(self) -> AdminConfig:

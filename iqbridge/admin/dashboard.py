@@ -24,6 +24,7 @@ from iqbridge.admin.schemas import MessageOut, QueueCountsOut, RedriveRequest
 from iqbridge.admin.service import SearchParams
 from iqbridge.admin.sessions import COOKIE, Session
 from iqbridge.admin.state import admin_state
+from iqbridge.admin.throttle import client_of
 from iqbridge.errors import InvalidArgument, IQError
 
 __all__ = [
@@ -96,8 +97,18 @@ def login_form(request: Request) -> Response:
 def login(request: Request, token: Annotated[str, Form(max_length=4096)] = "") -> Response:
     """Check the token; open a session (HttpOnly, SameSite=Strict cookie on /ui)."""
     state = admin_state(request)
+    address = client_of(request)
+    wait = state.throttle.wait(address)
+    if wait is not None:
+        resp = render(
+            request, "login.html", {"error": f"Too many wrong tokens: wait {wait} s."}, 429
+        )
+        resp.headers["Retry-After"] = str(wait)
+        return resp
     principal = state.tokens.check(token.strip())
     if principal is None:
+        if token.strip():
+            state.throttle.failed(address)
         return render(request, "login.html", {"error": "That token is not valid."}, 401)
     s = state.sessions.open(principal)
     resp = RedirectResponse("/ui/", status_code=303)

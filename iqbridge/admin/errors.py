@@ -9,6 +9,7 @@ a readonly token on an action                          403     forbidden
 unknown hub, queue or message                          404     not_found
 IllegalTransition, ConcurrentUpdate, locks, leases     409     conflict kinds
 bad input (validation, InvalidArgument)                422     invalid_argument
+too many wrong tokens from one address                 429     too_many_attempts
 a hub's broker or index unreachable                    503     unavailable
 anything else                                          500     internal
 =====================================================  ======  =====================

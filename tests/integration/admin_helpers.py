@@ -27,9 +27,14 @@ DOWN_URL = f"redis://:{DOWN_PASSWORD}@127.0.0.1:1/0"
 
 
 def admin_config(
-    tmp_path: Path, hubs: Mapping[str, str], bridges: Mapping[str, Path] | None = None
+    tmp_path: Path,
+    hubs: Mapping[str, str],
+    bridges: Mapping[str, Path] | None = None,
+    failed_logins: str = "1000/minute",
 ) -> AdminConfig:
-    """Tokens ops (admin, from the environment) and viewer (readonly, from a file)."""
+    """Tokens ops (admin, from the environment) and viewer (readonly, from a file).
+    ``failed_logins`` is generous: the route sweeps present wrong tokens on purpose, from
+    the one test client address (test_admin_throttle.py tests the limit)."""
     secret = tmp_path / "viewer-token"
     secret.write_text(VIEWER_TOKEN + "\n")
     return parse_config(
@@ -40,6 +45,7 @@ def admin_config(
             ],
             "hubs": [{"name": n, "url": u} for n, u in hubs.items()],
             "bridges": [{"name": n, "health_file": str(p)} for n, p in (bridges or {}).items()],
+            "failed_logins": failed_logins,
         }
     )
 
