@@ -29,7 +29,15 @@ from iqbridge.model import Envelope, Received
 if TYPE_CHECKING:
     from iqbridge.engine import Change
 
-__all__ = ["AcksInTransaction", "Adapter", "Capabilities", "Colocated", "Fenced", "LocksNatively"]
+__all__ = [
+    "AcksInTransaction",
+    "Adapter",
+    "Capabilities",
+    "Colocated",
+    "Fenced",
+    "HoldsAcks",
+    "LocksNatively",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,4 +266,14 @@ class LocksNatively(Protocol):
 
     def unlock_natively(self, queue: str, lock_id: str, refs: Sequence[str] | None = None) -> int:
         """Release the broker's locks of ``lock_id`` (only of ``refs``, when given)."""
+        ...
+
+
+@runtime_checkable
+class HoldsAcks(Protocol):
+    """An adapter that holds acknowledgements back to send them in batches (Redis
+    Streams); :meth:`flush` sends them now (reconciliation's repairs, before it reports)."""
+
+    def flush(self) -> None:
+        """Send every held acknowledgement now."""
         ...

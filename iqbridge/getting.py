@@ -513,6 +513,15 @@ class Getting(Settling, Housekeeping):
             and (member.not_before is None or member.not_before <= now)
         )
 
+    def adopt(self, received: Received) -> MessageRecord:
+        """Track a broker entry put by a client that knows nothing of iqbridge, as a get
+        that met it would (reconciliation's ``--adopt``): a record in the index for the
+        queue's standing audience (or the groups the broker says it reached), with the
+        envelope's ids; the record is returned (the one already there, when another
+        consumer adopted it first). Raises AudienceError when there is no one to adopt
+        it for."""
+        return self._adopt(received)
+
     def _adopt(self, received: Received) -> MessageRecord:
         """Track a message put by a client that knows nothing of iqbridge."""
         env = received.envelope

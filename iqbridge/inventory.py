@@ -14,13 +14,13 @@ own (the index is the acknowledgement), so their :meth:`Inventory.unacked` is No
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from iqbridge.model import Envelope
 
-__all__ = ["Entry", "Inventory", "Unacked"]
+__all__ = ["Entry", "HidesInFlight", "Inventory", "PutsBack", "TracksGroups", "Unacked"]
 
 
 class Entry(NamedTuple):
@@ -72,4 +72,34 @@ class Inventory(Protocol):
         """Make the group deliver the entry again, even if it acknowledged it; False when
         the broker cannot do that for one entry and one group (the caller may put the
         payload on the broker again instead)."""
+        ...
+
+
+@runtime_checkable
+class HidesInFlight(Protocol):
+    """An inventory whose listing cannot see an entry under another connection's open
+    get (IBM MQ's uncommitted MQGET): a member the index has in doubt may just be in
+    flight, so reconciliation never reports it as a missing payload or acked on the
+    broker."""
+
+    hides_in_flight: bool
+
+
+@runtime_checkable
+class TracksGroups(Protocol):
+    """An inventory that keeps one broker queue per consumer group and cannot list them
+    by the iqbridge queue's name (IBM MQ): it is told every group before a listing."""
+
+    def track_groups(self, queue: str, groups: Sequence[str]) -> None:
+        """Remember ``groups`` as the consumer groups of ``queue``."""
+        ...
+
+
+@runtime_checkable
+class PutsBack(Protocol):
+    """An inventory that can put a copy of a message back for one group alone (same
+    native reference), where the broker cannot redeliver the entry itself."""
+
+    def put_back(self, queue: str, group: str, env: Envelope) -> None:
+        """Put ``env`` (the retained payload) on ``group``'s share of ``queue``."""
         ...

@@ -33,18 +33,23 @@ Checks a broker cannot answer are reported as :class:`Note` rows (RabbitMQ canno
 a queue without consuming it; the embedded SQLite queue keeps no acknowledgement of its
 own: the index is the only one).
 
-Three optional attributes of an inventory, read with ``getattr`` (absent: the default):
+Three optional protocols of an inventory (:mod:`iqbridge.inventory`):
 
-* ``hides_in_flight = True``: a browse cannot see an entry under another connection's
-  open get (IBM MQ's uncommitted MQGET). A member the index has in doubt (GET, FETCHED,
-  IN_PROCESS) is then never reported as ``missing payload`` or ``acked on broker``: its
-  entry may just be in flight;
-* ``track_groups(queue, groups)``: told every consumer group of the queue (standing
-  subscriptions and those in the records) before the listing, for a broker that keeps
-  one queue per group and cannot list them by the iqbridge queue's name (IBM MQ);
-* ``put_back(queue, group, env)``: puts a copy of a message back for one group alone
-  (same native reference), used instead of putting it again for every group when the
-  broker cannot redeliver the entry and the payload comes from the retained copy.
+* :class:`~iqbridge.inventory.HidesInFlight` (``hides_in_flight = True``): a browse
+  cannot see an entry under another connection's open get (IBM MQ's uncommitted MQGET).
+  A member the index has in doubt (GET, FETCHED, IN_PROCESS) is then never reported as
+  ``missing payload`` or ``acked on broker``: its entry may just be in flight;
+* :class:`~iqbridge.inventory.TracksGroups` (``track_groups(queue, groups)``): told every
+  consumer group of the queue (standing subscriptions and those in the records) before
+  the listing, for a broker that keeps one queue per group and cannot list them by the
+  iqbridge queue's name (IBM MQ);
+* :class:`~iqbridge.inventory.PutsBack` (``put_back(queue, group, env)``): puts a copy of
+  a message back for one group alone (same native reference), used instead of putting
+  it again for every group when the broker cannot redeliver the entry and the payload
+  comes from the retained copy.
+
+An adapter that holds acknowledgements back (:class:`~iqbridge.adapter.HoldsAcks`, Redis
+Streams) is flushed after repairs.
 """
 
 from __future__ import annotations
@@ -54,8 +59,9 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from iqbridge.adapter import HoldsAcks
 from iqbridge.errors import IQError
-from iqbridge.inventory import Entry, Inventory, Unacked
+from iqbridge.inventory import Entry, HidesInFlight, Inventory, PutsBack, TracksGroups, Unacked
 from iqbridge.model import Envelope, Filter, Member, MessageRecord, Received
 from iqbridge.queue import Queue
 from iqbridge.states import IN_DOUBT, TERMINAL, PublisherState, SubscriberState
@@ -201,7 +207,7 @@ def reconcile(
     adapter = queue.hub.adapter
     inventory = adapter if isinstance(adapter, Inventory) else None
     run = _Run(queue, repair, adopt, inventory)
-    run.hides = bool(getattr(inventory, "hides_in_flight", False))
+    run.hides = _hides(inventory)
     _load_records(run, limit)
     if inventory is None:
         why = (
@@ -211,17 +217,25 @@ def reconcile(
         )
         run.notes.extend(Note(c, why) for c in Check)
         return _report(run, None)
-    track = getattr(inventory, "track_groups", None)
-    if callable(track):
-        track(queue.name, sorted(_all_groups(run)))
+    if isinstance(inventory, TracksGroups):
+        inventory.track_groups(queue.name, sorted(_all_groups(run)))
     run.entries = list(inventory.entries(queue.name))
     _check_entries(run)
     _check_payloads(run)
     _check_states(run)
-    flush = getattr(adapter, "flush", None)
-    if repair and callable(flush):
-        flush()  # acknowledgements some adapters hold back (Redis Streams) go out now
+    if repair and isinstance(adapter, HoldsAcks):
+        adapter.flush()  # acknowledgements held back (Redis Streams) go out now
     return _report(run, len(run.entries))
+
+
+def _hides(inventory: object) -> bool:
+    """Whether the broker's listing hides entries under another connection's open get."""
+    return isinstance(inventory, HidesInFlight) and bool(inventory.hides_in_flight)
+
+
+def _puts_back(inventory: object) -> PutsBack | None:
+    """The inventory, if it can put a message back for one group alone."""
+    return inventory if isinstance(inventory, PutsBack) else None
 
 
 def _report(run: _Run, entries: int | None) -> Report:
@@ -326,7 +340,7 @@ def _strangers(run: _Run, strangers: Sequence[Entry]) -> None:
         if env is not None:
             # The get path's own adoption: same msg_id, same audience, same engine step.
             try:
-                rec = run.queue._adopt(Received(entry.native_ref, "", env, adopted=True))
+                rec = run.queue.adopt(Received(entry.native_ref, "", env, adopted=True))
             except IQError as exc:  # no standing audience to adopt it for, say
                 fix = f"cannot adopt: {exc}"
             else:
@@ -441,18 +455,18 @@ def _missing(run: _Run, recs: Sequence[MessageRecord]) -> None:
         back = {r.msg_id for r, env in zip(refd, there, strict=True) if env is not None}
         recs = [r for r in recs if r.msg_id not in back]
     kept = store.retained([r.msg_id for r in recs]) if recs else {}
-    put_back = getattr(run.inventory, "put_back", None)
+    put_back = _puts_back(run.inventory)
     for rec in recs:
         copy = kept.get(rec.msg_id)
         done = False
         ref = rec.native_ref
         if copy is None:
             fix = "no retained copy: cannot repair"
-        elif run.repair and ref is not None and callable(put_back):
+        elif run.repair and ref is not None and put_back is not None:
             # One copy per group still to finish it, same reference: no duplicates.
             groups = sorted({g for g, names in _groups(rec).items() if not _finished(rec, names)})
             for group in groups:
-                put_back(run.name, group, rec.envelope(copy))
+                put_back.put_back(run.name, group, rec.envelope(copy))
             done, fix = True, f"put back from the retained copy for {', '.join(groups)}"
         elif run.repair:
             ref = _reput(run, rec, rec.envelope(copy))
@@ -614,9 +628,8 @@ def _give_back(run: _Run, rec: MessageRecord, group: str, ref: str) -> tuple[boo
             env = rec.envelope(copy) if copy is not None else None
         if env is None:
             return False, "needs an operator: no redelivery on this broker, no retained copy"
-        put_back = getattr(inventory, "put_back", None)
-        if callable(put_back):
-            put_back(run.name, group, env)
+        if isinstance(inventory, PutsBack):
+            inventory.put_back(run.name, group, env)
             return True, "put back for the group from the retained copy"
         return True, f"put on the broker again as {_reput(run, rec, env)}"
     except IQError as exc:
