@@ -656,6 +656,28 @@ class IbmMqAdapter(IbmMqInventory, IbmMqLocks):
 
         self._with("putting a message again", run, lambda: name)
 
+    def declared_queues(self) -> set[str]:
+        """The MQ queues this adapter made sure of (group and backout queues)."""
+        with self._lock:
+            return set(self._declared)
+
+    def delete_queues(self, names: Sequence[str]) -> None:
+        """Delete local queues with PCF (``MQCMD_DELETE_Q``, purging their messages), on a
+        connection of its own (also after :meth:`close`, once nothing holds them open):
+        for test suites and operators; the user needs administrative authority."""
+        c, cfc = self._c, self._mod.CMQCFC
+        conn = self._connect()
+        try:
+            pcf = self._mod.PCFExecute(conn.qmgr)
+            for name in names:
+                pcf.MQCMD_DELETE_Q({c.MQCA_Q_NAME: name.encode(), cfc.MQIACF_PURGE: cfc.MQPO_YES})
+                with self._lock:
+                    self._declared.discard(name)
+        except self._mod.Error as exc:
+            raise self._error(exc, "deleting queues", ", ".join(names)) from exc
+        finally:
+            conn.close(back_out=True)
+
     def held(self, queue: str, group: str) -> dict[str, str]:
         """Messages this process holds under syncpoint for a group: reference -> consumer."""
         with self._lock:

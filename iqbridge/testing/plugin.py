@@ -215,8 +215,8 @@ def open_hub(
     publisher: str | None = None,
 ) -> tuple[Hub, Callable[[], None]]:
     """Open a hub on a resolved broker with names of its own; return it and a clean-up
-    that closes it and deletes what it created (Kafka topics stay: tests' topics are
-    unique, and Tansu forgets them when it stops)."""
+    that closes it and deletes what it created: Redis keys and streams, RabbitMQ queues
+    and exchanges, Kafka topics and consumer groups, SQL schemas, IBM MQ queues."""
     import iqbridge
 
     broker, url = found.broker, found.url
@@ -238,10 +238,10 @@ def open_hub(
         drop = lambda: _drop_rabbitmq(url, hub.adapter)  # noqa: E731
     elif broker == "kafka":
         bootstrap = url.split("://", 1)[-1]
-        kafka = with_options(
-            f"kafka://{bootstrap}", **KAFKA_FAST_GROUPS, prefix=f"{unique('iqp')}-"
-        )
+        prefix = f"{unique('iqp')}-"
+        kafka = with_options(f"kafka://{bootstrap}", **KAFKA_FAST_GROUPS, prefix=prefix)
         hub = iqbridge.connect(kafka, index=sqlite_index, **kw)
+        drop = lambda: _drop_kafka(bootstrap, prefix)  # noqa: E731
     elif broker in ("postgres", "mariadb"):
         schema = unique("iqp")
         index = with_options(url, schema=schema)
@@ -250,8 +250,10 @@ def open_hub(
     elif broker == "oracle":
         prefix = f"T{unique('')[1:7].upper()}_"
         hub = iqbridge.connect(with_options(url, prefix=prefix), index="memory://", **kw)
-    else:  # ibmmq: the queue manager's queues are shared; create=true makes them
-        hub = iqbridge.connect(url, index="memory://", **kw)
+    else:  # ibmmq: queues of the test's own (create=true makes them), deleted after
+        prefix = f"IQP.{unique('')[1:9].upper()}."
+        hub = iqbridge.connect(with_options(url, prefix=prefix), index="memory://", **kw)
+        drop = lambda: _drop_ibmmq(hub.adapter)  # noqa: E731
 
     def cleanup() -> None:
         try:
@@ -294,6 +296,29 @@ def _drop_rabbitmq(url: str, adapter: Any) -> None:
             ch.close()
     finally:
         conn.close()
+
+
+def _drop_kafka(bootstrap: str, prefix: str) -> None:
+    """Delete a test's topics and consumer groups (names starting with ``prefix``)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    for future in (admin.delete_topics(topics, operation_timeout=10) if topics else {}).values():
+        future.result(15)
+    listed = admin.list_consumer_groups(request_timeout=10).result(15)
+    groups = [g.group_id for g in listed.valid if g.group_id.startswith(prefix)]
+    for future in (
+        admin.delete_consumer_groups(groups, request_timeout=10) if groups else {}
+    ).values():
+        future.result(15)
+
+
+def _drop_ibmmq(adapter: Any) -> None:
+    """Delete the queues the IBM MQ adapter made for a test (PCF, with their messages)."""
+    names = sorted(adapter.declared_queues())
+    if names:
+        adapter.delete_queues(names)
 
 
 def _drop_schema(url: str, name: str) -> None:
