@@ -6,9 +6,11 @@ in any process, pass them by until the lock ends (``unlock``, a get under the lo
 plain MQ application reading the same queues skips them too: for every (group queue,
 message) it opens a browse handle on a connection kept for the lock and browses the
 message by MsgId with ``MQGMO_BROWSE_FIRST | MQGMO_LOCK``. MQ locks one message per open
-handle, hence a handle each. The lock ends with the index's: :meth:`unlock_natively`
-(``MQGMO_UNLOCK`` and ``MQCLOSE``), a timer at ``lock_for``, or the process's end (the
-queue manager drops a closed connection's locks).
+handle, hence a handle each, up to :data:`MAX_NATIVE_LOCKS` per browse (a queue manager
+allows 256 handles per connection by default); the rest are locked in the index only.
+The lock ends with the index's: :meth:`unlock_natively` (``MQGMO_UNLOCK`` and
+``MQCLOSE``), a timer at ``lock_for``, or the process's end (the queue manager drops a
+closed connection's locks).
 
 What it does not do: a get under the lock made in *another* process cannot take the
 message from the queue manager while this process's handle locks it; the facade hands
@@ -37,6 +39,13 @@ if TYPE_CHECKING:
 __all__ = ["IbmMqLocks", "mq_msg_id"]
 
 log = logging.getLogger(__name__)
+
+#: Native locks one browse takes at most: each is an open handle on the lock's
+#: connection, and a queue manager allows 256 per connection by default (MAXHANDS).
+#: Messages past it are locked in the index only.
+MAX_NATIVE_LOCKS = 200
+#: MQRC_HANDLE_NOT_AVAILABLE: the connection may open no more handles.
+_NO_HANDLE = 2017
 
 _HEX_ID = re.compile(r"[0-9a-f]{48}")
 
@@ -85,12 +94,22 @@ class IbmMqLocks:
             for group, ref in entries:
                 if (group, ref) in native.handles:
                     continue
+                if len(native.handles) >= MAX_NATIVE_LOCKS:
+                    log.info(
+                        "queue %s: browse lock %s holds %d messages on the queue manager; "
+                        "the rest are locked in the index only", queue, lock_id, MAX_NATIVE_LOCKS
+                    )  # fmt: skip
+                    break
                 name = a.queue_name(queue, group)
                 try:
                     q = mod.Queue(native.conn.qmgr, name, c.MQOO_BROWSE | c.MQOO_FAIL_IF_QUIESCING)
                 except mod.MQMIError as exc:
                     if int(exc.reason) == c.MQRC_UNKNOWN_OBJECT_NAME:
                         continue
+                    if int(exc.reason) == _NO_HANDLE:
+                        log.info("queue %s: no more MQ handles; the rest of browse lock %s is "
+                                 "in the index only", queue, lock_id)  # fmt: skip
+                        break
                     raise
                 md, gmo = mod.MD(), mod.GMO()
                 md.MsgId = mq_msg_id(ref)

@@ -141,3 +141,22 @@ def test_a_message_held_under_syncpoint_is_locked_in_the_index_only(hub: iqbridg
     d.done()
     assert q.unlock(browse.lock_id) == 1
     assert plain_get(group_queue(hub, "orders", "audit")) == "held"
+
+
+def test_past_the_cap_messages_are_locked_in_the_index_only(
+    hub: iqbridge.Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from iqbridge.adapters import ibmmq_locks
+
+    monkeypatch.setattr(ibmmq_locks, "MAX_NATIVE_LOCKS", 2)
+    q = hub.queue("orders")
+    q.subscribe("billing")
+    q.put_many([b"1", b"2", b"3"], to=["billing"])
+    browse = q.browse(lock=True)
+    assert len(browse.messages) == 3
+    name = group_queue(hub, "orders", "billing")
+    # Two are locked on the queue manager; the third only in the index, so a plain
+    # client may take it, while iqbridge's gets pass all three by.
+    assert plain_get(name) == "3"
+    assert plain_get(name) is None
+    assert q.get("billing", timeout=0) is None
