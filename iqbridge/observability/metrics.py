@@ -48,7 +48,7 @@ from iqbridge.model import JournalEntry
 from iqbridge.queue import Queue
 from iqbridge.registry import redact
 from iqbridge.states import ActorKind, PublisherState, SubscriberState
-from iqbridge.stores.base import IndexStore
+from iqbridge.stores.base import IndexStore, LateJournal
 
 __all__ = ["BUCKETS", "IQCollector", "build_registry", "journal_end", "render"]
 
@@ -79,6 +79,8 @@ BUCKETS: tuple[float, ...] = (
 S = SubscriberState
 #: A member given back from these states is a redelivery.
 _HELD = frozenset({S.GET.value, S.FETCHED.value, S.IN_PROCESS.value})
+#: Gaps in the journal's sequence a tail remembers, at most (see _Tail.holes).
+MAX_HOLES = 10_000
 _CLOSED = frozenset({S.DONE.value, S.UNUSABLE.value, S.EXPIRED.value})
 _SECRET = re.compile(r"(://[^:/@\s]*):[^@\s]*@")
 
@@ -184,6 +186,9 @@ class _Tail:
     latency: dict[tuple[str, str], _Histogram] = field(default_factory=dict)
     #: (msg_id, subscriber, attempt) -> when that member entered AVAILABLE (µs), bounded.
     available: OrderedDict[tuple[str, str, int], int] = field(default_factory=OrderedDict)
+    #: Sequence numbers the cursor passed that had no entry yet (a store whose entries
+    #: can commit out of order, LateJournal) -> when the gap was seen (monotonic s).
+    holes: OrderedDict[int, float] = field(default_factory=OrderedDict)
 
 
 @dataclass
@@ -440,6 +445,9 @@ class IQCollector(Collector):
         repeats nothing."""
         tail = st.tail
         lookups = [self.max_lookups]
+        late = hub.store if isinstance(hub.store, LateJournal) else None
+        if late is not None and tail.holes and not self._heal(tail, hub, late, lookups):
+            return
         for _ in range(self.max_pages):
             assert tail.cursor is not None
             page = hub.store.journal(tail.cursor, self.page_size)
@@ -449,9 +457,42 @@ class IQCollector(Collector):
                 except _OutOfBudget:
                     return
                 if entry.seq is not None:
+                    if late is not None:
+                        self._gap(tail, tail.cursor, entry.seq)
                     tail.cursor = entry.seq
             if len(page) < self.page_size:
                 return
+
+    def _gap(self, tail: _Tail, cursor: int, seq: int) -> None:
+        """Remember the numbers between the cursor and the next entry: an entry may
+        still commit there (at most :data:`MAX_HOLES` remembered, the oldest dropped)."""
+        now = time.monotonic()
+        for missing in range(max(cursor + 1, seq - MAX_HOLES), seq):
+            tail.holes[missing] = now
+        while len(tail.holes) > MAX_HOLES:
+            tail.holes.popitem(last=False)
+
+    def _heal(self, tail: _Tail, hub: Hub, late: LateJournal, lookups: list[int]) -> bool:
+        """Count entries that committed in gaps the cursor passed (one page read from the
+        oldest gap); forget gaps older than the store's settle time. False when the
+        lookup budget ran out (the rest waits for the next scrape)."""
+        now = time.monotonic()
+        for seq, seen in list(tail.holes.items()):
+            if now - seen > late.journal_settle_seconds:
+                del tail.holes[seq]
+        if not tail.holes:
+            return True
+        last = max(tail.holes)
+        for entry in hub.store.journal(min(tail.holes) - 1, self.page_size):
+            if entry.seq is None or entry.seq > last:
+                break
+            if entry.seq in tail.holes:
+                try:
+                    self._take(tail, hub, entry, lookups)
+                except _OutOfBudget:
+                    return False
+                del tail.holes[entry.seq]
+        return True
 
     def _take(self, tail: _Tail, hub: Hub, e: JournalEntry, lookups: list[int]) -> None:
         """Count one journal entry."""

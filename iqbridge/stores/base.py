@@ -31,7 +31,14 @@ from iqbridge.model import (
     Subscriptions,
 )
 
-__all__ = ["AvailableQueries", "Counting", "IndexStore", "PurgedMessage", "StaleRecord"]
+__all__ = [
+    "AvailableQueries",
+    "Counting",
+    "IndexStore",
+    "LateJournal",
+    "PurgedMessage",
+    "StaleRecord",
+]
 
 
 class StaleRecord(Exception):
@@ -217,3 +224,14 @@ class Counting(Protocol):
         """Messages per publisher state, members per subscriber and state, and each
         subscriber's oldest message still to process."""
         ...
+
+
+@runtime_checkable
+class LateJournal(Protocol):
+    """A store whose journal sequence numbers are handed out when a transaction writes,
+    not when it commits (the SQL store's identity column): an entry can commit after a
+    later one, behind a reader's cursor. A reader that must miss nothing (the metrics'
+    journal tail) re-reads the gaps it saw for ``journal_settle_seconds``."""
+
+    #: How long a gap in the sequence may still fill (a transaction's longest life).
+    journal_settle_seconds: float

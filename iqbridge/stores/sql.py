@@ -68,6 +68,10 @@ _JOURNALLED = PublisherState.JOURNALLED.value
 class SqlStore(SqlCommits, SqlReads, AvailableQueries):
     """The index in a SQL database (see the module docstring)."""
 
+    #: Gaps in the journal's sequence may fill for this long (LateJournal): sequence
+    #: numbers come from an identity column, taken when a transaction writes.
+    journal_settle_seconds = 60.0
+
     @classmethod
     def from_url(cls, url: str) -> SqlStore:
         """Open (and on first use create) the index a SQL URL names."""

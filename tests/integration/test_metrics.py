@@ -212,3 +212,44 @@ def test_unreachable_hubs_are_counted_and_the_others_still_scraped(
             assert val(fourth, "iqbridge_index_errors_total", hub="ok") == 1
         finally:
             collector.close()
+
+
+@pytest.mark.postgres
+def test_a_transition_committed_behind_the_cursor_is_counted_on_postgres(
+    tmp_path: Path,
+) -> None:
+    """On the SQL store a journal entry's number is taken when its transaction writes:
+    a DONE written in a long application transaction commits after later entries the
+    tail has already passed. The tail remembers the gap and counts it once it commits."""
+    import sqlalchemy as sa
+
+    from tests.sql_helpers import PG_URL, fresh_schema, sa_url
+
+    with (
+        fresh_schema(PG_URL, "PostgreSQL at 127.0.0.1:5432") as index,
+        iqbridge.connect(f"sqlite:///{tmp_path}/q.db", index=index) as hub,
+    ):
+        app = sa.create_engine(sa_url(PG_URL))
+        q = hub.queue("orders")
+        registry = build_registry({"h": hub})
+        h = {"hub": "h", "queue": "orders"}
+
+        def done_count() -> float | None:
+            return val(
+                scrape(registry),
+                "iqbridge_transitions_total",
+                actor_kind="subscriber",
+                state="DONE",
+                **h,
+            )
+
+        q.put(b"first", to=["a"])
+        d = q.get("a")
+        assert d is not None
+        with q.transaction(app) as tx:
+            d.done(transaction=tx)  # DONE's journal rows get their numbers now
+            q.put(b"second", to=["b"])  # committed at once, with later numbers
+            assert done_count() is None  # the tail passes DONE's numbers: not committed
+        assert done_count() == 1  # committed behind the cursor: counted now
+        assert done_count() == 1  # and only once
+        app.dispose()
