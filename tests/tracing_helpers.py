@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +50,36 @@ def attrs(span: ReadableSpan) -> dict[str, Any]:
 def parent_of(span: ReadableSpan) -> int | None:
     """The span id of a span's parent, or None."""
     return span.parent.span_id if span.parent is not None else None
+
+
+def run_bridge(tmp_path: Path, put: Callable[[iqbridge.Queue], list[str]]) -> list[str]:
+    """Run a bridge route ``orders`` (``in.db``) -> ``copies`` (``out.db``) on embedded
+    SQLite until what ``put`` put on the source is bridged; return ``put``'s msg_ids."""
+    from iqbridge.bridge import Bridge, parse_config
+
+    cfg = {
+        "bridge": {"name": "t", "state": f"sqlite:///{tmp_path}/state.db", "heartbeat": 0.1},
+        "routes": [
+            {
+                "name": "r",
+                "source": {"url": f"sqlite:///{tmp_path}/in.db", "queue": "orders"},
+                "destination": {"url": f"sqlite:///{tmp_path}/out.db", "queue": "copies"},
+                "workers": 1,
+                "batch": 50,
+                "lease": 10,
+            }
+        ],
+    }
+    with (
+        iqbridge.connect(f"sqlite:///{tmp_path}/in.db") as src,
+        iqbridge.connect(f"sqlite:///{tmp_path}/out.db") as dst,
+    ):
+        src.queue("orders").subscribe("bridge")
+        dst.queue("copies").subscribe("sink")
+        ids = put(src.queue("orders"))
+        with Bridge(parse_config(cfg)) as bridge:
+            deadline = time.monotonic() + 20
+            while bridge.stats()[0].bridged < len(ids):
+                assert time.monotonic() < deadline, "not bridged"
+                time.sleep(0.05)
+    return ids

@@ -7,8 +7,7 @@ queue manager under Docker in ``test_ibmmq_docker_contract.py``.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,29 +18,17 @@ from iqbridge.queue import Queue
 from iqbridge.testing.adapter_contract import AdapterContract
 from iqbridge.testing.fakes import ibmmq as fake
 
+# The fake's queue manager, as the developer image sets it up: QM1 on port 1414, the
+# application user ``app`` (allowed to create queues here, so ``create=true`` works).
+from tests.ibmmq_helpers import URL, qm_fixture  # noqa: F401 (a fixture)
+
 pytestmark = pytest.mark.ibmmq
-
-#: The fake's queue manager, as the developer image sets it up: QM1 on port 1414, the
-#: application user ``app`` (allowed to create queues here, so ``create=true`` works).
-URL = "ibmmq://app:passw0rd@localhost:1414/QM1?channel=DEV.APP.SVRCONN&create=true"
-
-
-@pytest.fixture
-def fake_mq(monkeypatch: pytest.MonkeyPatch) -> Iterator[fake.FakeQueueManager]:
-    """A fresh fake queue manager QM1, and the fake installed as the ``ibmmq`` module."""
-    fake.reset()
-    monkeypatch.setitem(sys.modules, "ibmmq", fake)
-    qm = fake.queue_manager("QM1", "localhost", 1414)
-    qm.users = {"app": "passw0rd"}
-    qm.admins = {"app"}
-    yield qm
-    fake.reset()
 
 
 class TestIbmMqAdapter(AdapterContract):
     @pytest.fixture(autouse=True)
-    def _broker(self, fake_mq: fake.FakeQueueManager, tmp_path: Path) -> None:
-        self.qm = fake_mq
+    def _broker(self, qm: fake.FakeQueueManager, tmp_path: Path) -> None:
+        self.qm = qm
         self.tmp = tmp_path
         self.hubs: list[iqbridge.Hub] = []
 

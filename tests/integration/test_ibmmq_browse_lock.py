@@ -9,7 +9,6 @@ hub closing) it gets it. Against the in-process fake of the ``ibmmq`` client
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,28 +20,21 @@ from iqbridge.adapter import LocksNatively
 from iqbridge.adapters.ibmmq import IbmMqAdapter
 from iqbridge.testing.fakes import ibmmq as fake
 from iqbridge.testing.fakes.ibmmq_defs import CMQC as C
+from tests.ibmmq_helpers import URL, mq_client, qm_fixture  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.ibmmq
 
-URL = "ibmmq://app:passw0rd@localhost:1414/QM1?channel=DEV.APP.SVRCONN&create=true"
-
 
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[iqbridge.Hub]:
+def hub(qm: fake.FakeQueueManager, tmp_path: Path) -> Iterator[iqbridge.Hub]:
     """A hub on a fresh fake queue manager QM1 (the fake installed as ``ibmmq``)."""
-    fake.reset()
-    monkeypatch.setitem(sys.modules, "ibmmq", fake)
-    qm = fake.queue_manager("QM1", "localhost", 1414)
-    qm.users = {"app": "passw0rd"}
-    qm.admins = {"app"}
     with iqbridge.connect(URL, index=f"sqlite:///{tmp_path / 'index.db'}") as h:
         yield h
-    fake.reset()
 
 
 def plain_get(name: str) -> str | None:
     """A plain MQ client's destructive get (no syncpoint): the body, or None (2033)."""
-    qmgr = fake.connect("QM1", "DEV.APP.SVRCONN", "localhost(1414)", "app", "passw0rd")
+    qmgr = mq_client()
     try:
         q = fake.Queue(qmgr, name, C.MQOO_INPUT_SHARED)
         gmo = fake.GMO(Options=C.MQGMO_NO_SYNCPOINT | C.MQGMO_NO_WAIT)

@@ -4,8 +4,6 @@ fake queue manager) are gone, while another test's are untouched."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,8 @@ from iqbridge.adapters.ibmmq import IbmMqAdapter
 from iqbridge.testing.fakes import ibmmq as fake_mq
 from iqbridge.testing.plugin import open_hub
 from iqbridge.testing.servers import Resolved
+from tests.ibmmq_helpers import URL as MQ_URL
+from tests.ibmmq_helpers import qm_fixture  # noqa: F401 (a fixture)
 from tests.kafka_helpers import kafka_bootstrap
 
 
@@ -53,23 +53,10 @@ def test_kafka_topics_and_groups_are_deleted(tmp_path: Path) -> None:
         theirs_done()
 
 
-@pytest.fixture
-def qm(monkeypatch: pytest.MonkeyPatch) -> Iterator[fake_mq.FakeQueueManager]:
-    """A fresh fake queue manager QM1, the fake installed as the ``ibmmq`` module."""
-    fake_mq.reset()
-    monkeypatch.setitem(sys.modules, "ibmmq", fake_mq)
-    qmgr = fake_mq.queue_manager("QM1", "localhost", 1414)
-    qmgr.users = {"app": "passw0rd"}
-    qmgr.admins = {"app"}
-    yield qmgr
-    fake_mq.reset()
-
-
 def test_ibmmq_queues_are_deleted_with_their_messages(
     qm: fake_mq.FakeQueueManager, tmp_path: Path
 ) -> None:
-    url = "ibmmq://app:passw0rd@localhost:1414/QM1?channel=DEV.APP.SVRCONN&create=true"
-    found = Resolved("ibmmq", url, "env")
+    found = Resolved("ibmmq", MQ_URL, "env")
     mine, mine_done = open_hub(found, tmp_path / "a")
     theirs, theirs_done = open_hub(found, tmp_path / "b")
     try:

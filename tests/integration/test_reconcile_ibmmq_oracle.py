@@ -12,8 +12,6 @@ under an open unit of work in another process) is never reported.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +26,13 @@ from iqbridge.recovery.reconcile import Finding, Kind, Report, reconcile
 from iqbridge.stores.memory import MemoryStore
 from iqbridge.testing.fakes import ibmmq as fake_mq
 from iqbridge.testing.fakes import oracledb as fake_ora
+from tests.ibmmq_helpers import URL as MQ_URL
+from tests.ibmmq_helpers import mq_client, qm_fixture  # noqa: F401 (a fixture)
 from tests.oracle_helpers import URL as ORACLE_URL
 from tests.oracle_helpers import fake_oracle_fixture  # noqa: F401  (the fixture)
 
 S = SubscriberState
 C = fake_mq.CMQC
-
-MQ_URL = "ibmmq://app:passw0rd@localhost:1414/QM1?channel=DEV.APP.SVRCONN&create=true"
 
 
 def kinds(report: Report) -> list[tuple[Kind, str | None, str | None, bool]]:
@@ -60,23 +58,6 @@ def drain(q: iqbridge.Queue, subscriber: str) -> list[tuple[str, Any]]:
 
 
 # --- IBM MQ -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def qm(monkeypatch: pytest.MonkeyPatch) -> Iterator[fake_mq.FakeQueueManager]:
-    """A fresh fake queue manager QM1, the fake installed as the ``ibmmq`` module."""
-    fake_mq.reset()
-    monkeypatch.setitem(sys.modules, "ibmmq", fake_mq)
-    qmgr = fake_mq.queue_manager("QM1", "localhost", 1414)
-    qmgr.users = {"app": "passw0rd"}
-    qmgr.admins = {"app"}
-    yield qmgr
-    fake_mq.reset()
-
-
-def mq_client() -> fake_mq.QueueManager:
-    """A plain MQ application's connection (the client's own ``connect``)."""
-    return fake_mq.connect("QM1", "DEV.APP.SVRCONN", "localhost(1414)", "app", "passw0rd")
 
 
 def mq_get_commit(name: str) -> tuple[bytes, Any, dict[str, Any]]:

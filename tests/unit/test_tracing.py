@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import iqbridge
-from iqbridge.bridge import Bridge, parse_config
 from iqbridge.observability import tracing
-from tests.tracing_helpers import attrs, hub_fixture, named, parent_of, spans_fixture  # noqa: F401
+from tests.tracing_helpers import (  # noqa: F401 (fixtures)
+    attrs,
+    hub_fixture,
+    named,
+    parent_of,
+    run_bridge,
+    spans_fixture,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -197,31 +202,7 @@ def test_batch_context_manager_is_one_process_span(
 def test_a_bridge_hop_is_one_span_with_its_parents(
     spans: InMemorySpanExporter, tmp_path: Path
 ) -> None:
-    cfg = {
-        "bridge": {"name": "t", "state": f"sqlite:///{tmp_path}/state.db", "heartbeat": 0.1},
-        "routes": [
-            {
-                "name": "r",
-                "source": {"url": f"sqlite:///{tmp_path}/in.db", "queue": "orders"},
-                "destination": {"url": f"sqlite:///{tmp_path}/out.db", "queue": "copies"},
-                "workers": 1,
-                "batch": 50,
-                "lease": 10,
-            }
-        ],
-    }
-    with (
-        iqbridge.connect(f"sqlite:///{tmp_path}/in.db") as src,
-        iqbridge.connect(f"sqlite:///{tmp_path}/out.db") as dst,
-    ):
-        src.queue("orders").subscribe("bridge")
-        dst.queue("copies").subscribe("sink")
-        ids = src.queue("orders").put_many([b"1", b"2", b"3"])
-        with Bridge(parse_config(cfg)) as bridge:
-            deadline = time.monotonic() + 20
-            while bridge.stats()[0].bridged < 3:
-                assert time.monotonic() < deadline, "not bridged"
-                time.sleep(0.05)
+    ids = run_bridge(tmp_path, lambda q: q.put_many([b"1", b"2", b"3"]))
     hops = named(spans, "bridge orders")
     assert hops, [s.name for s in spans.get_finished_spans()]
     assert sorted(p for h in hops for p in attrs(h)["iqbridge.parent_ids"]) == sorted(ids)

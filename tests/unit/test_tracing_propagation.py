@@ -5,16 +5,20 @@ children carry the hop's context. On embedded SQLite, spans kept in memory."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from opentelemetry import context, trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import iqbridge
-from iqbridge.bridge import Bridge, parse_config
 from iqbridge.observability import tracing
-from tests.tracing_helpers import hub_fixture, named, parent_of, spans_fixture  # noqa: F401
+from tests.tracing_helpers import (  # noqa: F401 (fixtures)
+    hub_fixture,
+    named,
+    parent_of,
+    run_bridge,
+    spans_fixture,
+)
 
 
 def traceparent(trace_id: int, span_id: int) -> str:
@@ -98,34 +102,10 @@ def test_without_tracing_no_header_is_added(hub: iqbridge.Hub) -> None:
 def test_a_bridge_child_carries_the_hops_context(
     spans: InMemorySpanExporter, tmp_path: Path
 ) -> None:
-    cfg = {
-        "bridge": {"name": "t", "state": f"sqlite:///{tmp_path}/state.db", "heartbeat": 0.1},
-        "routes": [
-            {
-                "name": "r",
-                "source": {"url": f"sqlite:///{tmp_path}/in.db", "queue": "orders"},
-                "destination": {"url": f"sqlite:///{tmp_path}/out.db", "queue": "copies"},
-                "workers": 1,
-                "batch": 50,
-                "lease": 10,
-            }
-        ],
-    }
-    with (
-        iqbridge.connect(f"sqlite:///{tmp_path}/in.db") as src,
-        iqbridge.connect(f"sqlite:///{tmp_path}/out.db") as dst,
-    ):
-        src.queue("orders").subscribe("bridge")
-        copies = dst.queue("copies")
-        copies.subscribe("sink")
-        src.queue("orders").put(b"1")
-        (source_put,) = named(spans, "put orders")
-        with Bridge(parse_config(cfg)) as bridge:
-            deadline = time.monotonic() + 20
-            while bridge.stats()[0].bridged < 1:
-                assert time.monotonic() < deadline, "not bridged"
-                time.sleep(0.05)
-        child = copies.get("sink", timeout=5)
+    run_bridge(tmp_path, lambda q: [q.put(b"1")])
+    (source_put,) = named(spans, "put orders")
+    with iqbridge.connect(f"sqlite:///{tmp_path}/out.db") as dst:
+        child = dst.queue("copies").get("sink", timeout=5)
         assert child is not None
     (hop,) = named(spans, "bridge orders")
     assert [link.context.span_id for link in hop.links] == [source_put.context.span_id]
