@@ -253,8 +253,7 @@ class MemoryStore(AvailableQueries):
             for p in gone:
                 del self._records[p.msg_id]
                 del self._by_queue[queue][p.msg_id]
-                del self._history[p.msg_id]
-                self._retained.pop(p.msg_id, None)
+                self._retained.pop(p.msg_id, None)  # its history stays, as the journal does
             return gone
 
     def declare_queue(self, queue: str) -> None:

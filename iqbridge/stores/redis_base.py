@@ -164,7 +164,8 @@ class RedisStoreBase:
         return f"{self.keyspace}m:{msg_id}"
 
     def _read_history(self, msg_id: str) -> list[JournalEntry]:
-        rows = self._history(keys=[self._record_key(msg_id), self._journal_key])
+        kept = f"{self.keyspace}h:{msg_id}"  # a purged message's list of entries
+        rows = self._history(keys=[self._record_key(msg_id), self._journal_key, kept])
         if rows is None:
             raise MessageNotFound(msg_id)
         out: list[JournalEntry] = []

@@ -212,6 +212,8 @@ class SqliteStore(SqliteCommits, AvailableQueries):
         """Every journal entry of one message, in order."""
         conn = self.db.conn
         row = conn.execute("SELECT journal FROM iq_messages WHERE msg_id=?", (msg_id,)).fetchone()
+        if row is None:  # purged? its journal stays, and where to find it
+            row = conn.execute("SELECT journal FROM iq_purged WHERE msg_id=?", (msg_id,)).fetchone()
         if row is None:
             raise MessageNotFound(msg_id)
         seqs = sorted(int(x) for x in row[0].split(",") if x)
@@ -319,14 +321,15 @@ class SqliteStore(SqliteCommits, AvailableQueries):
         ids: Sequence[str] | None = None,
     ) -> list[PurgedMessage]:
         """Delete journalled messages last changed before ``before`` (only ``ids``, if
-        given); keep the journal."""
+        given); keep the journal, and each message's list of its entries (``iq_purged``),
+        so its history can still be read."""
         if limit <= 0 or (ids is not None and not ids):
             return []
         where = "queue=? AND publisher_state='JOURNALLED' AND updated_at < ?"
         with self.db.transaction() as conn:
             if ids is None:
                 rows = conn.execute(
-                    f"SELECT seq, msg_id, native_ref FROM iq_messages WHERE {where}"
+                    f"SELECT seq, msg_id, native_ref, journal FROM iq_messages WHERE {where}"
                     " ORDER BY seq LIMIT ?",
                     (queue, before, limit),
                 ).fetchall()
@@ -336,11 +339,15 @@ class SqliteStore(SqliteCommits, AvailableQueries):
                 for i in range(0, len(unique), _CHUNK):
                     part = unique[i : i + _CHUNK]
                     rows += conn.execute(
-                        f"SELECT seq, msg_id, native_ref FROM iq_messages WHERE {where}"
+                        f"SELECT seq, msg_id, native_ref, journal FROM iq_messages WHERE {where}"
                         f" AND msg_id IN ({','.join('?' * len(part))})",
                         (queue, before, *part),
                     ).fetchall()
                 rows = sorted(rows)[:limit]
+            conn.executemany(
+                "INSERT OR REPLACE INTO iq_purged (msg_id, journal) VALUES (?, ?)",
+                [(r[1], r[3]) for r in rows],
+            )
             conn.executemany("DELETE FROM iq_messages WHERE seq=?", [(r[0],) for r in rows])
             conn.executemany("DELETE FROM iq_payloads WHERE msg_id=?", [(r[1],) for r in rows])
         return [PurgedMessage(r[1], r[2]) for r in rows]

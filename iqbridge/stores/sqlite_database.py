@@ -78,6 +78,10 @@ CREATE TABLE IF NOT EXISTS iq_journal (
     queue TEXT NOT NULL,
     entries TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS iq_purged (
+    msg_id TEXT PRIMARY KEY,
+    journal TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS iq_payloads (
     msg_id TEXT PRIMARY KEY,
     body BLOB NOT NULL,

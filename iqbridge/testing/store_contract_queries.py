@@ -306,11 +306,17 @@ class QueryTests(StoreContractBase):
         elsewhere = self.put(store, other).msg_id
         self.move(store, elsewhere, lambda r: engine.withdraw(r, T0))
         journal_before = store.journal(0, 100_000)
+        history_before = store.history(old)
         assert store.purge(queue, T0 + 10 * SEC) == [PurgedMessage(old, "ref-old")]
         with pytest.raises(MessageNotFound):
             store.load(old)
         assert store.search(queue, Filter(msg_id=old)) == []
         assert store.journal(0, 100_000) == journal_before
+        # The journal stays, and so does the purged message's history.
+        assert store.history(old) == history_before
+        assert [e.dst for e in history_before][-1] == P.JOURNALLED.value
+        with pytest.raises(MessageNotFound):
+            store.history(unique())
         for kept in (recent, open_, elsewhere):
             store.load(kept)
         assert store.purge(queue, T0 + 10 * SEC) == []
@@ -346,6 +352,7 @@ class QueryTests(StoreContractBase):
         assert store.load(unlisted).publisher_state is P.JOURNALLED
         assert store.journal(0, 100_000) == journal_before
         assert any(e.msg_id == first for e in journal_before)
+        assert store.history(first) == [e for e in journal_before if e.msg_id == first]
         assert store.purge(queue, T0 + SEC, ids=[third, first]) == []
 
     def test_purge_of_listed_ids_keeps_those_not_journalled_or_too_recent(

@@ -1,6 +1,6 @@
 -- Delete messages whose publisher is JOURNALLED since before a time, in put order,
 -- with their index entries and retained payload copies ("b:<id>"). The journal stream
--- is kept.
+-- is kept, and each message's list of its entries under "h:<id>" (its history).
 --
 -- KEYS[1]  the queue's index of publisher-JOURNALLED messages (ZSET, put order)
 -- ARGV     key prefix, before (microseconds), limit, request id[, msg_id, ...]
@@ -21,6 +21,9 @@ local function drop(id, f)
   for _, k in ipairs(cjson.decode(f[3] or '[]')) do
     redis.call('ZREM', k, id)
   end
+  if f[4] then  -- where its journal entries are: the history stays readable
+    redis.call('SET', P .. 'h:' .. id, f[4])
+  end
   redis.call('DEL', P .. 'm:' .. id, P .. 'b:' .. id)
   out[#out + 1] = {id, f[2] or ''}
 end
@@ -33,7 +36,7 @@ if #ARGV > 4 then
       seen[id] = true
       local score = redis.call('ZSCORE', KEYS[1], id)
       if score then
-        local f = redis.call('HMGET', P .. 'm:' .. id, 'u', 'n', 'ix')
+        local f = redis.call('HMGET', P .. 'm:' .. id, 'u', 'n', 'ix', 'h')
         if f[1] and tonumber(f[1]) < before then
           found[#found + 1] = {tonumber(score), id, f}
         end
@@ -53,7 +56,7 @@ else
     end
     local gone = 0
     for _, id in ipairs(ids) do
-      local f = redis.call('HMGET', P .. 'm:' .. id, 'u', 'n', 'ix')
+      local f = redis.call('HMGET', P .. 'm:' .. id, 'u', 'n', 'ix', 'h')
       if f[1] and tonumber(f[1]) < before then
         drop(id, f)
         gone = gone + 1
