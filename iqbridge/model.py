@@ -381,6 +381,8 @@ class Filter:
     since: datetime | None = None
     until: datetime | None = None
     lock_id: str | None = None
+    #: Messages that name this msg_id among their parents (its children).
+    parent: str | None = None
     limit: int = 100
 
     def __post_init__(self) -> None:

@@ -59,7 +59,7 @@ PAYLOAD_PREVIEW = 4096
 #: Search page while listing every candidate of a redrive or purge dry run.
 _PAGE = 2000
 _MAX_SCAN = 1_000_000
-#: Nodes of a lineage, each way, and messages scanned per queue for children.
+#: Nodes of a lineage, each way, and children listed per queue.
 _MAX_NODES = 200
 _CHILD_SCAN = 1000
 #: Children may be put on hosts whose clocks run behind the parent's.
@@ -333,16 +333,17 @@ class AdminService:
 
     @staticmethod
     def _children(places: Sequence[tuple[str, Hub]], msg_id: str, created_at: int) -> list[str]:
-        """Messages naming ``msg_id`` as a parent, among the first put on each queue of
-        each hub since it was (less a clock slack)."""
+        """Messages naming ``msg_id`` as a parent (the index's search by parent), put on
+        any queue of any hub since it was (less a clock slack), at most
+        :data:`_CHILD_SCAN` per queue."""
         since = from_micros(created_at) - _CLOCK_SLACK
         out: list[str] = []
         for _name, h in places:
             try:
                 names = sorted(h.store.queues())
                 for qn in names:
-                    hits = h.queue(qn, create=False).search(Filter(since=since, limit=_CHILD_SCAN))
-                    out.extend(s.msg_id for s in hits if msg_id in s.parents)
+                    flt = Filter(parent=msg_id, since=since, limit=_CHILD_SCAN)
+                    out.extend(s.msg_id for s in h.queue(qn, create=False).search(flt))
             except IQError:
                 continue
         return out

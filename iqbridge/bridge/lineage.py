@@ -4,7 +4,8 @@ Every child a bridge puts records its parents (``MessageRecord.parents``), and i
 msg_id is derived from the route and its parent (:func:`~iqbridge.bridge.translate.child_id`),
 so the tree is found from the indexes alone: up through ``parents`` on any of the hubs
 given, down by deriving the ids each route would have given the children (and, for an
-aggregation, following the staging input to the aggregate it was folded into).
+aggregation, following the staging input to the aggregate it was folded into), and by
+searching each hub's index for messages an application put with ``parents=``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from iqbridge.bridge.config import Route
 from iqbridge.bridge.translate import child_id
 from iqbridge.errors import IQError, MessageNotFound
 from iqbridge.hub import Hub
-from iqbridge.model import MessageRecord
+from iqbridge.model import Filter, MessageRecord
 from iqbridge.registry import redact
 
 __all__ = ["Lineage", "Node"]
@@ -106,7 +107,23 @@ class Lineage:
         return sorted(set(out))
 
     def children_of(self, node: Node) -> list[str]:
-        """The msg_ids of ``node``'s children that a route put."""
+        """The msg_ids of ``node``'s children: those a route put (derived ids), then those
+        any application put with ``parents=`` naming it, on any hub (the index's search
+        by parent, at most 1000 per queue)."""
+        out: list[str] = self._route_children(node)
+        for place in self.places:
+            try:
+                for queue in sorted(place.hub.store.queues()):
+                    flt = Filter(parent=node.msg_id, limit=_MAX_CHILDREN)
+                    for hit in place.hub.store.search(queue, flt):
+                        if hit.msg_id not in out:
+                            out.append(hit.msg_id)
+            except IQError:
+                continue
+        return out
+
+    def _route_children(self, node: Node) -> list[str]:
+        """The children a route put: ids derived from the route and the parent."""
         out: list[str] = []
         for route in self.routes:
             if route.source.queue != node.queue:

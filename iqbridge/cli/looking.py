@@ -49,6 +49,9 @@ StateOpt = Annotated[
     ),
 ]
 SubOpt = Annotated[str | None, typer.Option("--subscriber", help="Subscriber in the audience.")]
+ParentOpt = Annotated[
+    str | None, typer.Option("--parent", help="Children of this msg_id (put with parents=).")
+]
 SinceOpt = Annotated[str | None, typer.Option("--since", help="Put at or after (ISO 8601).")]
 UntilOpt = Annotated[str | None, typer.Option("--until", help="Put before (ISO 8601).")]
 LimitOpt = Annotated[int, typer.Option("--limit", min=1, help="At most this many.")]
@@ -66,6 +69,7 @@ def _filter(
     since: str | None,
     until: str | None,
     limit: int,
+    parent: str | None = None,
 ) -> Filter:
     return Filter(
         msg_id=msg_id,
@@ -76,6 +80,7 @@ def _filter(
         subscriber=subscriber,
         since=parse_time(since, "--since") if since else None,
         until=parse_time(until, "--until") if until else None,
+        parent=parent,
         limit=limit,
     )
 
@@ -110,6 +115,7 @@ def search(
     subscriber: SubOpt = None,
     since: SinceOpt = None,
     until: UntilOpt = None,
+    parent: ParentOpt = None,
     limit: LimitOpt = 100,
     as_json: JsonOpt = False,
 ) -> None:
@@ -124,6 +130,7 @@ def search(
         since=since,
         until=until,
         limit=limit,
+        parent=parent,
     )
     with open_hub(ctx, create=False) as hub:
         hits = open_queue(hub, queue).search(flt)

@@ -242,6 +242,8 @@ def matches(rec: MessageRecord, flt: Filter) -> bool:
         return False
     if flt.lock_id is not None and rec.lock_id != flt.lock_id:
         return False
+    if flt.parent is not None and flt.parent not in rec.parents:
+        return False
     if flt.subscriber is not None and flt.subscriber not in rec.members:
         return False
     if isinstance(flt.state, PublisherState):

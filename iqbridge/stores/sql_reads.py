@@ -172,6 +172,12 @@ class SqlReads(SqlStoreBase):
             conds.append(msg.c.created_at >= to_micros(flt.since))
         if flt.until is not None:
             conds.append(msg.c.created_at < to_micros(flt.until))
+        if flt.parent is not None:
+            # parents holds a JSON array: its element is the id JSON-encoded, quotes and
+            # all; LIKE's own wildcards in it are escaped.
+            token = json.dumps(flt.parent)
+            token = token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            conds.append(msg.c.parents.like(f"%{token}%", escape="\\"))
         if isinstance(flt.state, PublisherState):
             conds.append(msg.c.publisher_state == flt.state.value)
         member_state = flt.state if isinstance(flt.state, SubscriberState) else None
@@ -200,7 +206,10 @@ class SqlReads(SqlStoreBase):
                         found.setdefault(r[0], []).append(r[1:])
         except sa.exc.SQLAlchemyError as exc:
             raise self._unavailable(exc) from None
-        return [summary(_record([(*h, *m) for m in found.get(h[1], ())], head=h)) for h in heads]
+        out = [summary(_record([(*h, *m) for m in found.get(h[1], ())], head=h)) for h in heads]
+        if flt.parent is not None:  # exact, whatever the column's collation
+            out = [s for s in out if flt.parent in s.parents]
+        return out
 
     def counts(self, queue: str) -> QueueCounts:
         """States counted by two grouped queries (no row is read back)."""

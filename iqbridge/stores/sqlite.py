@@ -272,6 +272,9 @@ class SqliteStore(SqliteCommits, AvailableQueries):
         if flt.until is not None:
             where.append("created_at < ?")
             args.append(to_micros(flt.until))
+        if flt.parent is not None:
+            where.append("EXISTS (SELECT 1 FROM json_each(parents) p WHERE p.value = ?)")
+            args.append(flt.parent)
         if isinstance(flt.state, PublisherState):
             where.append("publisher_state = ?")
             args.append(flt.state.value)

@@ -261,6 +261,24 @@ class QueryTests(StoreContractBase):
         assert dict(hit.subscribers) == {"a": S.AVAILABLE, "b": S.AVAILABLE}
         assert store.search(queue, Filter(msg_id="no-such-message")) == []
 
+    def test_search_by_parent_finds_the_children(self, store: IndexStore, queue: str) -> None:
+        parent = self.put(store, queue).msg_id
+        # Ids with LIKE wildcards and JSON escapes must match only themselves.
+        odd = 'p%_\\x"y'
+        first = self.put(store, queue, parents=(parent,)).msg_id
+        self.put(store, queue, parents=(parent.upper(),))  # not the parent: another id
+        both = self.put(store, queue, parents=("other", parent)).msg_id
+        odd_child = self.put(store, queue, parents=(odd,)).msg_id
+        self.put(store, queue, parents=("p%_x",))
+        other = unique()
+        store.declare_queue(other)
+        self.put(store, other, parents=(parent,))  # another queue's child
+        hits = store.search(queue, Filter(parent=parent))
+        assert [h.msg_id for h in hits] == [first, both]
+        assert all(parent in h.parents for h in hits)
+        assert [h.msg_id for h in store.search(queue, Filter(parent=odd))] == [odd_child]
+        assert store.search(queue, Filter(parent="nobody")) == []
+
     # --- counts --------------------------------------------------------------------------
 
     def test_counts_per_state_and_the_oldest_undone(self, store: IndexStore, queue: str) -> None:
