@@ -150,10 +150,13 @@ def search_messages(
     since: Annotated[datetime | None, Query(description="Put at or after (ISO 8601)")] = None,
     until: Annotated[datetime | None, Query(description="Put at or before (ISO 8601)")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    parent: Annotated[
+        str | None, Query(max_length=200, description="Children of this msg_id")
+    ] = None,
 ) -> list[SummaryOut]:
     """Messages of a queue matching every filter given, from the index (no payloads)."""
     params = SearchParams(
-        msg_id, correlation_id, priority, publisher, state, subscriber, since, until, limit
+        msg_id, correlation_id, priority, publisher, state, subscriber, since, until, limit, parent
     )
     return _svc(request).search(hub, queue, params)
 

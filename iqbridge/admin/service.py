@@ -93,6 +93,7 @@ class SearchParams:
     since: datetime | None = None
     until: datetime | None = None
     limit: int = 100
+    parent: str | None = None
 
     def to_filter(self) -> Filter:
         """The index filter (InvalidArgument for an unknown state name)."""
@@ -105,6 +106,7 @@ class SearchParams:
             subscriber=self.subscriber or None,
             since=self.since,
             until=self.until,
+            parent=self.parent or None,
             limit=self.limit,
         )
 

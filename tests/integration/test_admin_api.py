@@ -130,6 +130,9 @@ def test_search_filters(tmp_path: Path, orders: Orders) -> None:
             r = c.get(f"{base}?{bad}", headers=AUTH)
             assert r.status_code == 422, bad
             assert r.json()["error"] == "invalid_argument"
+        child = orders.q.put({"n": 5}, parents=[orders.m2])
+        assert ids(f"parent={orders.m2}") == [child]
+        assert ids(f"parent={orders.m1}") == []
 
 
 def test_timeline_has_every_actor_with_states_and_times(tmp_path: Path, orders: Orders) -> None:
