@@ -2,7 +2,9 @@
 
 A message whose publisher is JOURNALLED is finished for every subscriber; it stays in the
 index (and its payload on the broker or in the store's retained copy) until a rule says
-it may go. Rules are per queue: ``keep`` for every queue, ``rules`` for named ones.
+it may go. Rules are per queue: ``keep`` for every queue, ``rules`` for named ones. A
+rule's name may be a shell-style pattern (``audit-*``, ``orders.[ab]``): an exact name
+wins over a pattern, and among patterns the first listed that matches.
 Written under ``OUT/retention/``:
 
 ``archive/``
@@ -21,6 +23,7 @@ The archive is written before the plan: a plan never names a message the archive
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -57,7 +60,10 @@ def retention(
     rules: Mapping[str, timedelta] | None = None,
     as_of: datetime | None = None,
 ) -> RetentionResult:
-    """Archive the journalled messages older than their queue's rule and write the plan."""
+    """Archive the journalled messages older than their queue's rule and write the plan.
+
+    ``rules`` maps a queue name, or a shell-style pattern of names, to its age (see the
+    module documentation for which rule a queue takes)."""
     from pyspark.sql import functions as F
 
     when = as_of or datetime.now(UTC)
@@ -67,9 +73,18 @@ def retention(
         if age < timedelta(0):
             raise AnalyticsError(f"retention rule for {queue}: a negative age ({age})")
     facts = message_facts(member_facts(read_journal(spark, journal)))
+    # The outermost "when" decides: the default, then patterns from the last listed to
+    # the first (the first that matches wins), then exact names (an exact name wins).
     cutoff_us = F.lit(now_us - _us(keep))
-    for queue, age in rules.items():
-        cutoff_us = F.when(F.col("queue") == queue, F.lit(now_us - _us(age))).otherwise(cutoff_us)
+    patterns = [(name, age) for name, age in rules.items() if _is_pattern(name)]
+    for name, age in reversed(patterns):
+        matched = F.col("queue").rlike("^" + fnmatch.translate(name))
+        cutoff_us = F.when(matched, F.lit(now_us - _us(age))).otherwise(cutoff_us)
+    for name, age in rules.items():
+        if not _is_pattern(name):
+            cutoff_us = F.when(F.col("queue") == name, F.lit(now_us - _us(age))).otherwise(
+                cutoff_us
+            )
     due = (
         facts.where(F.col("pub_state") == "JOURNALLED")
         .withColumn("before_us", cutoff_us)
@@ -109,3 +124,8 @@ def retention(
 
 def _us(delta: timedelta) -> int:
     return int(delta.total_seconds() * 1_000_000)
+
+
+def _is_pattern(name: str) -> bool:
+    """Whether a rule's name is a shell-style pattern rather than a queue name."""
+    return any(ch in name for ch in "*?[")

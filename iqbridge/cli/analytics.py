@@ -215,7 +215,11 @@ def retention_cmd(
     ] = "7d",
     rule: Annotated[
         list[str] | None,
-        typer.Option("--rule", help="QUEUE=AGE: a queue's own rule (repeatable)."),
+        typer.Option(
+            "--rule",
+            help="QUEUE=AGE: a queue's own rule; QUEUE may be a pattern such as "
+            "'audit-*' (repeatable; an exact name wins, then the first pattern).",
+        ),
     ] = None,
 ) -> None:
     """Archive journalled messages past their rule and write the purge plan."""

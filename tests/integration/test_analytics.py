@@ -186,6 +186,28 @@ def test_retention_archives_and_plans_per_rule(
     # Everything journalled, at once.
     every = retention(spark, traffic.journal, tmp_path / "all", keep=timedelta(0), as_of=_later())
     assert every.per_queue == {"orders": 5, "payments": 1, "credit": 2, "customers": 1}
+    # A pattern names several queues; an exact name wins over it; the first pattern wins.
+    week = timedelta(days=7)
+    by_pattern = retention(
+        spark, traffic.journal, tmp_path / "c", rules={"c*": timedelta(0)}, as_of=_later()
+    )
+    assert by_pattern.per_queue == {"credit": 2, "customers": 1}
+    exact = retention(
+        spark,
+        traffic.journal,
+        tmp_path / "e",
+        rules={"c*": timedelta(0), "customers": week, "cu?tomers": timedelta(0)},
+        as_of=_later(),
+    )
+    assert exact.per_queue == {"credit": 2}
+    first = retention(
+        spark,
+        traffic.journal,
+        tmp_path / "f",
+        rules={"cr*": week, "c*": timedelta(0)},
+        as_of=_later(),
+    )
+    assert first.per_queue == {"customers": 1}
     # A week by default, but orders at once: only orders go.
     result = retention(
         spark, traffic.journal, tmp_path, rules={"orders": timedelta(0)}, as_of=_later()
