@@ -81,7 +81,7 @@ def latency(
     for rows in tables.values():
         rows.sort(key=lambda r: tuple(str(r.get(k)) for k in (*_KEY, "state", "hour")))
     html = None
-    if report and "://" not in base:
+    if report:
         from iqbridge.analytics.report import write_latency_report
 
         html = write_latency_report(

@@ -127,7 +127,8 @@ def write_latency_report(
     states: list[dict[str, Any]],
     throughput: list[dict[str, Any]],
 ) -> str:
-    """Write the report to ``path`` and return the path."""
+    """Write the report to ``path`` (a local path, or a URI pyarrow's file systems
+    know: ``s3://``, ``hdfs://``, ``file://``...) and return it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,7 +162,16 @@ def write_latency_report(
         ),
         "</body></html>",
     ]
+    text = "\n".join(parts)
+    if "://" in str(path):  # s3://, hdfs://, file://...: where Spark wrote the tables
+        from pyarrow import fs
+
+        filesystem, where = fs.FileSystem.from_uri(str(path))
+        filesystem.create_dir(where.rsplit("/", 1)[0], recursive=True)
+        with filesystem.open_output_stream(where) as out:
+            out.write(text.encode("utf-8"))
+        return str(path)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text("\n".join(parts), encoding="utf-8")
+    target.write_text(text, encoding="utf-8")
     return str(target)

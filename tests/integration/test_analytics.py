@@ -148,6 +148,13 @@ def test_latency_per_queue_and_subscriber(spark: Any, traffic: Traffic, tmp_path
         assert ds.dataset(str(tmp_path / "latency" / name)).count_rows() > 0
 
 
+def test_latency_report_goes_where_a_uri_says(spark: Any, traffic: Traffic, tmp_path: Path) -> None:
+    result = latency(spark, traffic.journal, f"file://{tmp_path}/remote")
+    assert result.report == f"file://{tmp_path}/remote/latency/report.html"
+    html = (tmp_path / "remote" / "latency" / "report.html").read_text()
+    assert html.count("<svg") == 3
+
+
 def test_lineage_orphans_and_the_recovery_plan(
     spark: Any, traffic: Traffic, tmp_path: Path
 ) -> None:
