@@ -60,6 +60,7 @@ from iqbridge.model import Envelope, Received
 from iqbridge.registry import redact
 
 from .oracle_aq_inventory import OracleAQInventory  # noqa: TID251
+from .oracle_aq_locks import OracleAQLocks  # noqa: TID251
 
 __all__ = ["OracleAQAdapter", "client_module"]
 
@@ -255,9 +256,10 @@ class _Held:
     done: set[str] = field(default_factory=set)
 
 
-class OracleAQAdapter(OracleAQInventory):
+class OracleAQAdapter(OracleAQInventory, OracleAQLocks):
     """Adapter over Oracle AQ through python-oracledb (thin mode); lists its queues for
-    reconciliation (:mod:`iqbridge.adapters.oracle_aq_inventory`)."""
+    reconciliation (:mod:`iqbridge.adapters.oracle_aq_inventory`) and locks browsed
+    messages in LOCKED mode (:mod:`iqbridge.adapters.oracle_aq_locks`)."""
 
     def __init__(self, settings: _Settings, client: Any | None = None) -> None:
         self.settings = settings
@@ -273,6 +275,7 @@ class OracleAQAdapter(OracleAQInventory):
         self._idle: list[Any] = []
         self._held: dict[tuple[str, str, str], _Held] = {}
         self._declared: set[tuple[str, str]] = set()
+        self._native_locks = {}
         self._main: Any = self._connect()
 
     @classmethod
@@ -761,6 +764,7 @@ class OracleAQAdapter(OracleAQInventory):
         with self._lock:
             conns = {id(h.conn): h.conn for h in self._held.values()}
             conns.update({id(c): c for c in self._idle})
+            conns.update({id(c): c for c in self._unlock_all_natively()})
             if self._main is not None:
                 conns[id(self._main)] = self._main
             self._held.clear()
