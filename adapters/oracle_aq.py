@@ -543,33 +543,38 @@ class OracleAQAdapter(OracleAQInventory, OracleAQLocks):
     def ack_in(self, connection: object, queue: str, group: str, refs: Sequence[str]) -> list[str]:
         """REMOVE entries in the application's session ``connection`` (visibility ON_COMMIT,
         uncommitted): they leave the queue when its transaction commits, with the rows
-        and the DONE written in it, and are ready again if it rolls back. The lock this
-        process holds on each is let go first (two sessions cannot share it). Returns the
-        refs removed so; none when ``connection`` is not a session on this queue's
-        database (its browse by msgid finds nothing) or fails: those are acknowledged
-        after the commit instead."""
-        if not callable(getattr(connection, "queue", None)):
+        and the DONE written in it, and are ready again if it rolls back. The locks this
+        process holds on them are let go first (two sessions cannot share one), one
+        rollback per holding session. Returns the refs removed so; none when
+        ``connection`` is not a session on this queue's database (its browse by msgid
+        finds nothing) or fails: those are acknowledged after the commit instead."""
+        if not callable(getattr(connection, "queue", None)) or not refs:
             return []
         joined: list[str] = []
         with self._lock:
-            for ref in refs:
-                msgid = bytes.fromhex(ref)
-                try:
-                    if not self._pull(
-                        self._deq(connection, queue, group, self.client.DEQ_BROWSE, msgid), 1
-                    ):
-                        continue  # another database, or no longer the group's to remove
+            try:
+                first = bytes.fromhex(refs[0])
+                if not self._pull(
+                    self._deq(connection, queue, group, self.client.DEQ_BROWSE, first), 1
+                ):
+                    return []  # another database, or no longer the group's to remove
+                holders: dict[int, tuple[_Held, set[str]]] = {}
+                for ref in refs:
                     held = self._held.get((queue, group, ref))
                     if held is not None:
-                        self._reshuffle(held, {ref})
-                    remove = self.client.DEQ_REMOVE_NODATA
-                    if self._pull(self._deq(connection, queue, group, remove, msgid), 1):
+                        holders.setdefault(id(held), (held, set()))[1].add(ref)
+                for held, back in holders.values():
+                    self._reshuffle(held, back)
+                remove = self.client.DEQ_REMOVE_NODATA
+                for ref in refs:
+                    q = self._deq(connection, queue, group, remove, bytes.fromhex(ref))
+                    if self._pull(q, 1):
                         joined.append(ref)
-                except self.client.Error as exc:  # the session is on another database
-                    log.debug("queue %s: no acknowledgement in the transaction (%s)", queue,
-                              _codes(exc)[1] or type(exc).__name__)  # fmt: skip
-                except IQError as exc:
-                    log.warning("queue %s: acknowledgement left until the commit: %s", queue, exc)
+            except self.client.Error as exc:  # the session is on another database
+                log.debug("queue %s: no acknowledgement in the transaction (%s)", queue,
+                          _codes(exc)[1] or type(exc).__name__)  # fmt: skip
+            except IQError as exc:
+                log.warning("queue %s: acknowledgement left until the commit: %s", queue, exc)
         return joined
 
     def ack_rolled_back(self, queue: str, group: str, refs: Sequence[str]) -> None:
