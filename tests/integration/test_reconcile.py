@@ -28,27 +28,14 @@ from iqbridge.cli import app
 from iqbridge.ids import adopted_id
 from iqbridge.inventory import Inventory
 from iqbridge.model import Envelope
-from iqbridge.recovery.reconcile import Check, Finding, Kind, Report, reconcile
+from iqbridge.recovery.reconcile import Check, Kind, reconcile
 from tests.kafka_helpers import fresh_prefix as kafka_prefix
 from tests.kafka_helpers import kafka_bootstrap, kafka_url
+from tests.reconcile_helpers import kinds, one
 from tests.redis_index_helpers import REDIS_URL, drop_streams, fresh_prefix
 from tests.unit.test_cli import ok, one_error_line
 
 S = SubscriberState
-
-
-def kinds(report: Report) -> list[tuple[Kind, str | None, str | None, bool]]:
-    """The findings as (kind, msg_id, group, repaired), sorted."""
-    return sorted(
-        ((f.kind, f.msg_id, f.group, f.repaired) for f in report.findings),
-        key=lambda t: (t[0].value, t[1] or "", t[2] or ""),
-    )
-
-
-def one(report: Report, kind: Kind) -> Finding:
-    found = [f for f in report.findings if f.kind is kind]
-    assert len(found) == 1, report.findings
-    return found[0]
 
 
 def native_ref(q: iqbridge.Queue, msg_id: str) -> str:

@@ -22,7 +22,7 @@ from iqbridge import SubscriberState
 from iqbridge.adapters.ibmmq import IbmMqAdapter
 from iqbridge.adapters.oracle_aq import OracleAQAdapter
 from iqbridge.inventory import Inventory
-from iqbridge.recovery.reconcile import Finding, Kind, Report, reconcile
+from iqbridge.recovery.reconcile import Kind, reconcile
 from iqbridge.stores.memory import MemoryStore
 from iqbridge.testing.fakes import ibmmq as fake_mq
 from iqbridge.testing.fakes import oracledb as fake_ora
@@ -30,23 +30,10 @@ from tests.ibmmq_helpers import URL as MQ_URL
 from tests.ibmmq_helpers import mq_client, qm_fixture  # noqa: F401 (a fixture)
 from tests.oracle_helpers import URL as ORACLE_URL
 from tests.oracle_helpers import fake_oracle_fixture  # noqa: F401  (the fixture)
+from tests.reconcile_helpers import kinds, one
 
 S = SubscriberState
 C = fake_mq.CMQC
-
-
-def kinds(report: Report) -> list[tuple[Kind, str | None, str | None, bool]]:
-    """The findings as (kind, msg_id, group, repaired), sorted."""
-    return sorted(
-        ((f.kind, f.msg_id, f.group, f.repaired) for f in report.findings),
-        key=lambda t: (t[0].value, t[1] or "", t[2] or ""),
-    )
-
-
-def one(report: Report, kind: Kind) -> Finding:
-    found = [f for f in report.findings if f.kind is kind]
-    assert len(found) == 1, report.findings
-    return found[0]
 
 
 def drain(q: iqbridge.Queue, subscriber: str) -> list[tuple[str, Any]]:
