@@ -191,7 +191,8 @@ class Looking(QueueCore):
 
     def unlock(self, lock_id: str) -> int:
         """Release every message locked under ``lock_id``; return how many."""
-        if self.hub.native_locks.pop((self.name, lock_id), 0) != 0:
+        if (self.name, lock_id) in self.hub.native_locks:
+            self.hub.native_locks.pop((self.name, lock_id), None)
             assert isinstance(self._adapter, LocksNatively)
             self._adapter.unlock_natively(self.name, lock_id)
         count = 0

@@ -119,7 +119,9 @@ def test_each_group_queue_is_locked_and_closing_the_hub_releases_them(
     assert [plain_get(n) for n in names] == ["both", "both"]
 
 
-def test_a_message_held_under_syncpoint_is_locked_in_the_index_only(hub: iqbridge.Hub) -> None:
+def test_another_groups_copy_is_locked_while_one_group_holds_it_under_syncpoint(
+    hub: iqbridge.Hub,
+) -> None:
     q = hub.queue("orders")
     q.subscribe("billing")
     q.subscribe("audit")
@@ -128,7 +130,8 @@ def test_a_message_held_under_syncpoint_is_locked_in_the_index_only(hub: iqbridg
     assert d is not None
     browse = q.browse(msg_id=msg, lock=True)
     assert [m.msg_id for m in browse.messages] == [msg]
-    # audit's copy is locked natively; billing's is in billing's unit of work.
+    # audit's copy is locked natively; billing's, in billing's unit of work, cannot be
+    # browsed and is left alone (its delivery settles as usual).
     assert plain_get(group_queue(hub, "orders", "audit")) is None
     d.done()
     assert q.unlock(browse.lock_id) == 1
