@@ -58,7 +58,7 @@ from iqbridge.model import Envelope, Received
 from iqbridge.stores.sqlite import SqliteStore
 
 from .ibmmq_inventory import IbmMqInventory  # noqa: TID251
-from .ibmmq_link import Conn, Held, Unit, client_module  # noqa: TID251
+from .ibmmq_link import Conn, Held, Unit, browsed, client_module  # noqa: TID251
 from .ibmmq_locks import IbmMqLocks  # noqa: TID251
 from .ibmmq_wire import (  # noqa: TID251
     DEFAULT_MAX_PAYLOAD,
@@ -697,28 +697,15 @@ class IbmMqAdapter(IbmMqInventory, IbmMqLocks):
             q = conn.queue(name, c.MQOO_BROWSE | c.MQOO_FAIL_IF_QUIESCING)
             mh = conn.props()
             out: list[tuple[bytes, dict[str, str]]] = []
-            first = True
-            while len(out) < limit:
-                md, gmo = mod.MD(), mod.GMO()
-                gmo.Options = (c.MQGMO_BROWSE_FIRST if first else c.MQGMO_BROWSE_NEXT) | (
-                    c.MQGMO_PROPERTIES_IN_HANDLE
-                )
-                gmo.MatchOptions = c.MQMO_NONE
-                gmo.Version = c.MQGMO_VERSION_4
-                gmo.MsgHandle = mh.msg_handle
-                first = False
-                try:
-                    body = q.get(None, md, gmo)
-                except mod.MQMIError as exc:
-                    if int(exc.reason) == c.MQRC_NO_MSG_AVAILABLE:
-                        break
-                    raise
+            for _md, body in browsed(mod, q, mh) if limit > 0 else ():
                 props: dict[str, str] = {}
                 for prop in (ENV_PROPERTY, "iqReason", "iqGroup", "iqQueue"):
                     with contextlib.suppress(mod.MQMIError):
                         value = mh.properties.get(prop, max_value_length=_PROP_BUFFER)
                         props[prop] = value.decode() if isinstance(value, bytes) else str(value)
                 out.append((body, props))
+                if len(out) >= limit:
+                    break
             return out
 
         return self._with("browsing a queue", run, lambda: name)

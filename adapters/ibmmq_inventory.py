@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, cast
 from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope
 
+from .ibmmq_link import browsed  # noqa: TID251
 from .ibmmq_wire import decode  # noqa: TID251
 
 if TYPE_CHECKING:
@@ -89,33 +90,14 @@ class IbmMqInventory:
                 raise
             mh = conn.props()
             out: list[Entry] = []
-            browse = c.MQGMO_BROWSE_FIRST
             try:
-                while True:
-                    md, gmo = mod.MD(), mod.GMO()
-                    gmo.Options = (
-                        browse
-                        | c.MQGMO_LOCK
-                        | c.MQGMO_NO_SYNCPOINT
-                        | c.MQGMO_NO_WAIT
-                        | c.MQGMO_PROPERTIES_IN_HANDLE
-                        | c.MQGMO_FAIL_IF_QUIESCING
-                    )
-                    gmo.MatchOptions = c.MQMO_NONE
-                    gmo.Version = c.MQGMO_VERSION_4
-                    gmo.MsgHandle = mh.msg_handle
-                    browse = c.MQGMO_BROWSE_NEXT
-                    try:
-                        body = q.get(None, md, gmo)
-                    except mod.MQMIError as exc:
-                        if int(exc.reason) == c.MQRC_NO_MSG_AVAILABLE:
-                            return out
-                        raise
+                for md, body in browsed(mod, q, mh, lock=True):
                     env_json = a._env_property(mh)
                     ref, env, stranger = decode(queue, group, md, body, env_json, c.MQFMT_STRING)
                     out.append(Entry(ref, env.msg_id, stranger, env if stranger else None))
             finally:
                 _unlock(mod, c, q)
+            return out
 
         return a._with("browsing a queue", run, lambda: name)
 

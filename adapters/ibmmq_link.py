@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -15,7 +16,7 @@ from iqbridge.model import Envelope
 
 from .ibmmq_wire import ENV_PROPERTY, INSTALL_HINT  # noqa: TID251
 
-__all__ = ["CLIENTS", "Conn", "Held", "Unit", "client_module"]
+__all__ = ["CLIENTS", "Conn", "Held", "Unit", "browsed", "client_module"]
 
 #: The client modules tried, in order.
 CLIENTS = ("ibmmq", "pymqi")
@@ -114,3 +115,34 @@ class Held:
     #: held, done (commit), dead (put to the backout queue, commit), back (back out or
     #: put again at the end of the unit), moved (put again already, commit).
     state: str = "held"
+
+
+def browsed(mod: Any, q: Any, mh: Any, *, lock: bool = False) -> Iterator[tuple[Any, bytes]]:
+    """Each message on the browse handle ``q``, in delivery order, left where it is: its
+    MD and body, its properties in the message handle ``mh`` (MQGMO_BROWSE_FIRST, then
+    MQGMO_BROWSE_NEXT, no wait, no syncpoint). With ``lock``, the message under the
+    cursor is locked (MQGMO_LOCK) so no get removes it while it is read; the lock moves
+    on with the cursor (drop the last one with MQGMO_UNLOCK)."""
+    c = mod.CMQC
+    browse = c.MQGMO_BROWSE_FIRST
+    while True:
+        md, gmo = mod.MD(), mod.GMO()
+        gmo.Options = (
+            browse
+            | c.MQGMO_NO_SYNCPOINT
+            | c.MQGMO_NO_WAIT
+            | c.MQGMO_PROPERTIES_IN_HANDLE
+            | c.MQGMO_FAIL_IF_QUIESCING
+            | (c.MQGMO_LOCK if lock else 0)
+        )
+        gmo.MatchOptions = c.MQMO_NONE
+        gmo.Version = c.MQGMO_VERSION_4
+        gmo.MsgHandle = mh.msg_handle
+        browse = c.MQGMO_BROWSE_NEXT
+        try:
+            body = q.get(None, md, gmo)
+        except mod.MQMIError as exc:
+            if int(exc.reason) == c.MQRC_NO_MSG_AVAILABLE:
+                return
+            raise
+        yield md, body
