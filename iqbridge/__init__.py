@@ -16,6 +16,7 @@ from iqbridge.batch import Batch, Settled
 from iqbridge.delivery import Delivery
 from iqbridge.errors import (
     AudienceError,
+    BatchLeaseLost,
     BrokerRefused,
     BrokerUnavailable,
     ConcurrentUpdate,
@@ -57,6 +58,7 @@ __all__ = [
     "DEFAULT_URL",
     "AudienceError",
     "Batch",
+    "BatchLeaseLost",
     "Browse",
     "BrokerRefused",
     "BrokerUnavailable",

@@ -265,9 +265,11 @@ class AsyncBatch:
         """See :meth:`Batch.release`."""
         self.sync.release(_sync(delivery), delay, reason)
 
-    async def done(self, transaction: object = None) -> Settled:
+    async def done(self, transaction: object = None, *, partial: bool = False) -> Settled:
         """See :meth:`Batch.done`."""
-        return await asyncio.to_thread(self.sync.done, transaction)
+        return await asyncio.to_thread(
+            functools.partial(self.sync.done, partial=partial), transaction
+        )
 
     async def in_process(self) -> None:
         """See :meth:`Batch.in_process`."""

@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, overload
 
 from iqbridge.delivery import Delivery
-from iqbridge.errors import InvalidArgument
+from iqbridge.errors import BatchLeaseLost, InvalidArgument
 from iqbridge.moves import DONE, PROCESS, Move, after_failure
 from iqbridge.observability import tracing
 from iqbridge.settling import Settled
@@ -44,7 +44,10 @@ class BatchMover(Protocol):
     retry: RetryPolicy
 
     def _settle_many(
-        self, moves: Sequence[tuple[Delivery, Move]], transaction: object = None
+        self,
+        moves: Sequence[tuple[Delivery, Move]],
+        transaction: object = None,
+        partial: bool = False,
     ) -> Settled: ...
 
 
@@ -58,13 +61,15 @@ class Batch(Sequence[Delivery]):
     in one commit, and the exception propagates.
     """
 
-    __slots__ = ("_deliveries", "_outcomes", "_position", "_queue", "_span")
+    __slots__ = ("_deliveries", "_lost", "_outcomes", "_position", "_queue", "_span")
 
     def __init__(self, queue: BatchMover, deliveries: Sequence[Delivery]) -> None:
         self._queue = queue
         self._deliveries = list(deliveries)
         self._position = {id(d): i for i, d in enumerate(self._deliveries)}
         self._outcomes: dict[int, Move] = {}
+        #: msg_ids whose lease settling found taken over: no longer this batch's to move.
+        self._lost: set[str] = set()
         self._span: tracing.Open | None = None
 
     @overload
@@ -108,7 +113,7 @@ class Batch(Sequence[Delivery]):
             raise InvalidArgument(f"delay must not be negative, got {delay}")
         self._outcomes[self._index(delivery)] = Move("release", reason=reason, delay=delay)
 
-    def done(self, transaction: object = None) -> Settled:
+    def done(self, transaction: object = None, *, partial: bool = False) -> Settled:
         """Settle the batch: every delivery still held goes DONE (then JOURNALLED), except
         those given another outcome with :meth:`unusable` or :meth:`release`, which take
         it; one index commit, one broker acknowledgement per consumer group.
@@ -120,17 +125,31 @@ class Batch(Sequence[Delivery]):
 
         Returns what moved; deliveries whose lease was taken over are reported in
         ``Settled.lost`` and changed nothing; deliveries moved alone before are left as
-        they are.
+        they are. In a transaction, a lease found taken over raises
+        :class:`~iqbridge.errors.BatchLeaseLost` instead (so that your transaction rolls
+        back and commits no business rows for a message another holder now has); with
+        ``partial=True`` the rest is settled in it and the lost ones are reported in
+        ``Settled.lost``, for you to leave out of your rows. Either way a later ``done``
+        leaves the lost ones out.
         """
-        moves = [
-            (d, self._outcomes.get(i, DONE))
-            for i, d in enumerate(self._deliveries)
-            if d.state in IN_DOUBT
-        ]
-        with tracing.settle_batch(self._queue, moves):
-            result = self._queue._settle_many(moves, transaction) if moves else Settled()
+        moves = [(d, self._outcomes.get(i, DONE)) for i, d in self._held()]
+        try:
+            with tracing.settle_batch(self._queue, moves):
+                result = (
+                    self._queue._settle_many(moves, transaction, partial) if moves else Settled()
+                )
+        except BatchLeaseLost as exc:
+            self._lost.update(exc.lost)
+            raise
+        self._lost.update(result.lost)
         self._outcomes.clear()
         return result
+
+    def _held(self) -> Iterator[tuple[int, Delivery]]:
+        """The deliveries (with their positions) this batch may still move."""
+        for i, d in enumerate(self._deliveries):
+            if d.state in IN_DOUBT and d.msg_id not in self._lost:
+                yield i, d
 
     def in_process(self) -> None:
         """Every FETCHED delivery -> IN_PROCESS, in one index commit."""
@@ -141,8 +160,10 @@ class Batch(Sequence[Delivery]):
     def renew(self, lease: float | None = None) -> Settled:
         """Extend every held delivery's lease by ``lease`` seconds from now (default: the
         queue's), in one index commit."""
-        moves = [(d, Move("renew", lease=lease)) for d in self._deliveries if d.state in IN_DOUBT]
-        return self._queue._settle_many(moves) if moves else Settled()
+        moves = [(d, Move("renew", lease=lease)) for _, d in self._held()]
+        result = self._queue._settle_many(moves) if moves else Settled()
+        self._lost.update(result.lost)
+        return result
 
     def __enter__(self) -> Batch:
         self.in_process()
@@ -163,8 +184,8 @@ class Batch(Sequence[Delivery]):
             if exc is None:
                 self.done()
                 return
-            for i, d in enumerate(self._deliveries):
-                if i not in self._outcomes and d.state in IN_DOUBT:
+            for i, d in self._held():
+                if i not in self._outcomes:
                     self._outcomes[i] = after_failure(
                         self._queue.retry, exc, d.attempt, d.max_attempts
                     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,7 +37,7 @@ class Mover(Protocol):
         token: str | None,
         hint: MessageRecord | None = None,
         transaction: object = None,
-        on_rollback: Callable[[], None] | None = None,
+        delivery: Delivery | None = None,
     ) -> Change: ...
 
     def _unusable(
@@ -203,17 +203,9 @@ class Delivery:
         written in that transaction and commits or rolls back with your own rows
         (exactly-once); until it commits the delivery stays held under its lease.
         """
-        if transaction is None:
-            self._moved(self._queue._done(self.msg_id, self.subscriber, self._token, self._record))
-            return
-        before = (self._record, self.state)
-
-        def undo() -> None:
-            self._record, self.state = before
-
         self._moved(
             self._queue._done(
-                self.msg_id, self.subscriber, self._token, self._record, transaction, undo
+                self.msg_id, self.subscriber, self._token, self._record, transaction, self
             )
         )
 

@@ -18,6 +18,7 @@ without swallowing the second::
     │   ├── MessageNotFound
     │   ├── IllegalTransition         the state table refuses the move; nothing changed
     │   ├── LeaseLost                 the delivery's lease was taken over; nothing changed
+    │   │   └── BatchLeaseLost        ... for some of a batch settled in your transaction
     │   ├── LockedError               the message is browse-locked by someone else
     │   ├── AudienceError             bad audience, or the subscriber is not in it
     │   ├── PayloadError              payload cannot be encoded or decoded
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 __all__ = [
     "AudienceError",
+    "BatchLeaseLost",
     "BrokerRefused",
     "BrokerUnavailable",
     "ConcurrentUpdate",
@@ -158,6 +160,26 @@ class LeaseLost(MessageError):
             f"caller ({why}); nothing was changed. Renew leases for long work "
             f"(delivery.renew()) or get a longer lease (get(..., lease=...))."
         )
+
+
+class BatchLeaseLost(LeaseLost):
+    """Settling a batch in the application's transaction found some of its leases taken
+    over. Raised so that the transaction rolls back: no business rows are committed for
+    messages another holder now has. ``lost`` maps each such msg_id to why."""
+
+    def __init__(self, subscriber: str, lost: dict[str, str]) -> None:
+        self.lost = dict(lost)
+        first, why = next(iter(self.lost.items()))
+        MessageError.__init__(
+            self,
+            f"{len(self.lost)} of the batch's deliveries to {subscriber!r} are no longer "
+            f"held by this caller (first: {first}: {why}); nothing was changed. Roll back "
+            f"your transaction (a queue.transaction block does when this propagates) and "
+            f"settle the batch again: it leaves the lost ones out. Or pass partial=True to "
+            f"batch.done(transaction=...) to commit the rest and handle Settled.lost yourself",
+        )
+        self.msg_id = first
+        self.subscriber = subscriber
 
 
 class LockedError(MessageError):

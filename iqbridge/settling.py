@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from iqbridge import engine
 from iqbridge.adapter import AcksInTransaction
 from iqbridge.engine import Change
-from iqbridge.errors import IllegalTransition, InvalidArgument, IQError
+from iqbridge.errors import BatchLeaseLost, IllegalTransition, InvalidArgument, IQError
 from iqbridge.model import MessageRecord
 from iqbridge.moves import DONE, PROCESS, Move
 from iqbridge.observability import tracing
@@ -157,13 +157,18 @@ class Settling(QueueCore):
             binding.after_commit(lambda: self._tell_broker(rest))
 
     def _settle_many(
-        self, moves: Sequence[tuple[Delivery, Move]], transaction: object = None
+        self,
+        moves: Sequence[tuple[Delivery, Move]],
+        transaction: object = None,
+        partial: bool = False,
     ) -> Settled:
         """Move many held deliveries in one index commit and one broker acknowledgement
         per group. A move whose compare-and-set fails (another move of the message came
         first) is made again on a fresh read; one that cannot be made (its lease was taken
         over) is reported in ``Settled.lost`` and changes nothing. Deliveries no longer
-        held (moved alone already) are skipped."""
+        held (moved alone already) are skipped. In the application's ``transaction``, a
+        lost one raises BatchLeaseLost (before any delivery or the broker is told of the
+        moves, which the caller's rollback undoes) unless ``partial``."""
         result = Settled()
         planned: list[tuple[Delivery, Move, Change]] = []
         retry: list[tuple[Delivery, Move]] = []
@@ -198,13 +203,9 @@ class Settling(QueueCore):
                 assert again is not None
                 moved.append((d, move, again))
             if binding is not None:
-                before = [(d, d._record, d.state) for d, _, _ in moved]
-
-                def undo() -> None:
-                    for d, rec, state in before:
-                        d._record, d.state = rec, state
-
-                binding.on_rollback(undo)
+                self._undo_on_rollback(binding, [d for d, _, _ in moved])
+        if result.lost and transaction is not None and not partial:
+            raise BatchLeaseLost(moves[0][0].subscriber, result.lost)
         for d, move, change in moved:
             self._note_redeliveries(change)
             d._moved(change)
@@ -233,7 +234,7 @@ class Settling(QueueCore):
         token: str | None,
         hint: MessageRecord | None = None,
         transaction: object = None,
-        on_rollback: Callable[[], None] | None = None,
+        delivery: Delivery | None = None,
     ) -> Change:
         with tracing.settle("done", self, msg_id, subscriber, hint):
             if transaction is None:
@@ -243,10 +244,44 @@ class Settling(QueueCore):
             with join(self._store, transaction) as binding:
                 change = self._apply(msg_id, self._op(DONE, subscriber, token), hint)
                 assert change is not None
-                if on_rollback is not None:
-                    binding.on_rollback(on_rollback)
+                if delivery is not None:
+                    self._undo_on_rollback(binding, [delivery])
             self._tell_after_commit(binding, transaction, [(change, subscriber, DONE)])
             return change
+
+    def _undo_on_rollback(self, binding: Binding, deliveries: Sequence[Delivery]) -> None:
+        """If the application's transaction rolls back, ``deliveries`` (about to be moved
+        in it) take back their state from before: still held. If it rolled back because
+        its commit failed, a commit cut short may have taken effect all the same: then
+        they take what the index holds."""
+        before = [(d, d._record, d.state) for d in deliveries]
+        tx = binding.tx
+
+        def undo() -> None:
+            for d, rec, state in before:
+                d._record, d.state = rec, state
+            if tx is not None and tx.commit_failed:
+                self._resync(deliveries)
+
+        binding.on_rollback(undo)
+
+    def _resync(self, deliveries: Sequence[Delivery]) -> None:
+        """Each delivery takes its subscriber's state from the index (when it answers)."""
+        try:
+            records = self._store.load_many([d.msg_id for d in deliveries])
+        except IQError as exc:
+            log.warning("cannot read the index again after a failed commit: %s", exc)
+            return
+        for d in deliveries:
+            rec = records.get(d.msg_id)
+            member = rec.members.get(d.subscriber) if rec is not None else None
+            if (
+                rec is not None
+                and member is not None
+                and member.state is not None
+                and (member.state not in IN_DOUBT or member.lease_token == d._token)
+            ):
+                d._record, d.state = rec, member.state
 
     def transaction(self, connection: object) -> Transaction:
         """A transaction of your own database for :meth:`Delivery.done(transaction=...)

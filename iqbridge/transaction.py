@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from iqbridge.errors import ConfigurationError, InvalidArgument
+from iqbridge.errors import ConfigurationError, IndexUnavailable, InvalidArgument, IQError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -48,6 +48,10 @@ _ACTIVE = "iqbridge.transaction"
 
 
 class _Joinable(Protocol):
+    url: str
+
+    def _unavailable(self, exc: BaseException, what: str = "") -> IQError: ...
+
     def join(self, connection: Connection) -> contextlib.AbstractContextManager[None]: ...
 
     def check_connection(self, connection: Connection) -> None: ...
@@ -73,15 +77,24 @@ class Transaction:
     :meth:`Delivery.done(transaction=...) <iqbridge.Delivery.done>`. Broker
     acknowledgements of the deliveries finished in it are sent after the commit; after
     a rollback the deliveries are still held, as before ``done``.
+
+    If the database connection dies in the block, leaving raises
+    :class:`~iqbridge.errors.IndexUnavailable` (when the commit fails; an exception of
+    your own propagates as it is), nothing is acknowledged, and every delivery finished
+    in it says again what the index says (still held, unless a commit cut short did
+    take effect).
     """
 
     def __init__(self, store: IndexStore, target: Any) -> None:
         self._store = _joinable(store)
         self._target = target
         self._conn: Connection | None = None
+        self._info: dict[Any, Any] = {}
         self._owned = False
         self._after_commit: list[Callable[[], None]] = []
         self._on_rollback: list[Callable[[], None]] = []
+        #: True once a commit failed: whether it took effect is for the index to say.
+        self.commit_failed = False
 
     @property
     def connection(self) -> Connection:
@@ -127,7 +140,9 @@ class Transaction:
             if self._owned:
                 conn.close()
             raise
-        conn.info[_ACTIVE] = self
+        # Kept apart: a connection that died cannot even show its info dict.
+        self._info = conn.info
+        self._info[_ACTIVE] = self
         self._conn = conn
         return self
 
@@ -137,27 +152,53 @@ class Transaction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        from sqlalchemy.exc import SQLAlchemyError
+
         conn = self.connection
         self._conn = None
-        conn.info.pop(_ACTIVE, None)
+        self._info.pop(_ACTIVE, None)
         try:
             if exc is None:
                 try:
                     conn.commit()
+                except SQLAlchemyError as err:
+                    self.commit_failed = True
+                    self._quiet_rollback(conn)
+                    raise self._lost(err) from err
                 except BaseException:
-                    self._rolled_back()
+                    self.commit_failed = True
+                    self._quiet_rollback(conn)
                     raise
                 for callback in self._after_commit:
                     callback()
             else:
-                try:
-                    conn.rollback()
-                finally:
-                    self._rolled_back()
+                self._quiet_rollback(conn)  # the exception in flight says more
         finally:
             self._after_commit.clear()
             if self._owned:
-                conn.close()
+                with contextlib.suppress(SQLAlchemyError):
+                    conn.close()
+
+    def _quiet_rollback(self, conn: Connection) -> None:
+        """Roll back (a dead connection cannot, and need not: the server has), then let
+        every delivery finished in the transaction go back to what the index holds."""
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            with contextlib.suppress(SQLAlchemyError):
+                conn.rollback()
+        finally:
+            self._rolled_back()
+
+    def _lost(self, err: BaseException) -> IndexUnavailable:
+        # The store's own wording, its password removed.
+        why = self._store._unavailable(err, "the commit of your transaction failed on")
+        return IndexUnavailable(
+            f"{why}; it was rolled back, or, if the connection was lost during the commit, "
+            f"may have taken effect: the deliveries finished in it say what the index holds "
+            f"now, and nothing was acknowledged. Settle again the deliveries still held once "
+            f"the database answers"
+        )
 
     def _rolled_back(self) -> None:
         for callback in self._on_rollback:
