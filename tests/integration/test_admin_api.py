@@ -458,15 +458,16 @@ def test_cli_admin_serve_runs_uvicorn_with_the_files_listen_address(
         f"tokens: [{{name: ops, role: admin, env: {ADMIN_ENV}}}]\n"
         f"hubs: [{{name: a, url: 'sqlite:///{tmp_path}/a.db'}}]\n"
     )
-    calls: list[dict[str, object]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append({"app": app, **kw}))
+    configs: list[uvicorn.Config] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: configs.append(self.config))
     monkeypatch.setattr(admin_serve, "_log_to_stderr", lambda: None)
     env = {ADMIN_ENV: ADMIN_TOKEN}
     runner = CliRunner()
     assert runner.invoke(cli_app, ["admin", "serve", "-c", str(cfg)], env=env).exit_code == 0
     args = ["admin", "serve", "-c", str(cfg), "--port", "9999", "--host", "0.0.0.0"]
     assert runner.invoke(cli_app, args, env=env).exit_code == 0
-    assert [(c["host"], c["port"]) for c in calls] == [("127.0.0.2", 9181), ("0.0.0.0", 9999)]
+    assert [(c.host, c.port) for c in configs] == [("127.0.0.2", 9181), ("0.0.0.0", 9999)]
+    assert not configs[0].server_header
 
 
 def test_cli_admin_serve_without_the_extra_says_what_to_install(
