@@ -3,7 +3,8 @@
 
 Token values never appear in the file: each token names an environment variable or a
 file holding its value, read once when the server starts (:mod:`iqbridge.admin.auth`).
-A bad file raises :class:`AdminConfigError` naming the field that is wrong.
+A bad file raises :class:`AdminConfigError` listing every problem, each naming its
+field; hub URLs are checked as far as they can be without connecting.
 """
 
 from __future__ import annotations
