@@ -181,9 +181,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     async def on_iq(request: Request, exc: Exception) -> Response:
         status, kind = classify(exc)
+        text = admin_state(request).scrub(str(exc))
         if status >= 500:
-            log.warning("admin request %r failed: %s", request.url.path, type(exc).__name__)
-        return _error(request, status, kind, str(exc), {})
+            log.warning(
+                "admin request %r failed: %s: %s", request.url.path, type(exc).__name__, text
+            )
+        return _error(request, status, kind, text, {})
 
     async def on_validation(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)

@@ -446,7 +446,15 @@ def test_cli_admin_serve_help() -> None:
         ),
     ],
 )
-def test_cli_admin_serve_bad_config_is_one_line(tmp_path: Path, text: str, says: str) -> None:
+def test_cli_admin_serve_bad_config_is_one_line(
+    tmp_path: Path, text: str, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    def started(self: uvicorn.Server) -> None:
+        raise AssertionError("the server started with a bad configuration")
+
+    monkeypatch.setattr(uvicorn.Server, "run", started)
     cfg = tmp_path / "hubs.yaml"
     cfg.write_text(text)
     env = {ADMIN_ENV: ADMIN_TOKEN}
