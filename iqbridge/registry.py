@@ -19,7 +19,15 @@ from iqbridge.adapter import Adapter
 from iqbridge.errors import ConfigurationError, UnknownSchemeError
 from iqbridge.stores.base import IndexStore
 
-__all__ = ["ADAPTERS", "STORES", "open_adapter", "open_store", "redact"]
+__all__ = [
+    "ADAPTERS",
+    "STORES",
+    "adapter_class",
+    "open_adapter",
+    "open_store",
+    "redact",
+    "store_class",
+]
 
 #: scheme -> (import path, extra that installs its driver)
 ADAPTERS: dict[str, tuple[str, str | None]] = {
@@ -113,29 +121,40 @@ def _plugins() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=_EP_GROUP)}
 
 
-def open_adapter(url: str) -> Adapter:
-    """The adapter for a broker URL."""
+def adapter_class(url: str) -> Any:
+    """The adapter class a broker URL names, found without connecting: the checks a
+    configuration can have before start-up (UnknownSchemeError with a "did you mean",
+    ConfigurationError for no scheme or a driver not installed)."""
     scheme = _scheme(url, "broker")
     if scheme in ADAPTERS:
         target, extra = ADAPTERS[scheme]
-        cls = _load(target, scheme, extra)
-    else:
-        plugins = _plugins()
-        if scheme not in plugins:
-            known = sorted(set(ADAPTERS) | set(plugins))
-            close = difflib.get_close_matches(scheme, known, n=1)
-            raise UnknownSchemeError(scheme, known, close[0] if close else None)
-        cls = plugins[scheme].load()
-    adapter: Adapter = cls.from_url(url)
-    return adapter
+        return _load(target, scheme, extra)
+    plugins = _plugins()
+    if scheme not in plugins:
+        known = sorted(set(ADAPTERS) | set(plugins))
+        close = difflib.get_close_matches(scheme, known, n=1)
+        raise UnknownSchemeError(scheme, known, close[0] if close else None)
+    return plugins[scheme].load()
 
 
-def open_store(url: str) -> IndexStore:
-    """The index store for an index URL."""
+def store_class(url: str) -> Any:
+    """The index store class an index URL names, found without connecting (the errors
+    of :func:`adapter_class`)."""
     scheme = _scheme(url, "index")
     if scheme not in STORES:
         close = difflib.get_close_matches(scheme, list(STORES), n=1)
         raise UnknownSchemeError(scheme, list(STORES), close[0] if close else None)
     target, extra = STORES[scheme]
-    store: IndexStore = _load(target, scheme, extra).from_url(url)
+    return _load(target, scheme, extra)
+
+
+def open_adapter(url: str) -> Adapter:
+    """The adapter for a broker URL."""
+    adapter: Adapter = adapter_class(url).from_url(url)
+    return adapter
+
+
+def open_store(url: str) -> IndexStore:
+    """The index store for an index URL."""
+    store: IndexStore = store_class(url).from_url(url)
     return store

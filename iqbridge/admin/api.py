@@ -11,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from iqbridge.admin.auth import Principal
 from iqbridge.admin.errors import AdminHTTPError, ErrorBody
+from iqbridge.admin.gate import PRINCIPAL, authenticate
 from iqbridge.admin.schemas import (
     ActionResult,
     BridgeHealth,
@@ -49,6 +50,7 @@ _READ_ERRORS: dict[int | str, dict[str, Any]] = {
 _ACT_ERRORS: dict[int | str, dict[str, Any]] = {
     **_READ_ERRORS,
     403: {"model": ErrorBody, "description": "A read-only token"},
+    413: {"model": ErrorBody, "description": "The request body is over max_body_bytes"},
     409: {"model": ErrorBody, "description": "The state table refuses the move; nothing changed"},
 }
 
@@ -57,35 +59,18 @@ def bearer(request: Request, credentials: HTTPAuthorizationCredentials | None) -
     """The caller of a bearer token; 401 (with WWW-Authenticate) for none or a wrong one,
     429 (with Retry-After) while the client's address has had too many wrong ones."""
     token = credentials.credentials if credentials is not None else None
-    state = admin_state(request)
-    address = client_of(request)
-    if token:
-        wait = state.throttle.wait(address)
-        if wait is not None:
-            raise AdminHTTPError(
-                429,
-                "too_many_attempts",
-                f"too many wrong tokens from {address}: try again in {wait} s",
-                {"Retry-After": str(wait)},
-            )
-    principal = state.tokens.check(token)
-    if principal is None:
-        if token:
-            state.throttle.failed(address)
-        raise AdminHTTPError(
-            401,
-            "unauthorized",
-            "a valid token is required: Authorization: Bearer <token>",
-            {"WWW-Authenticate": "Bearer"},
-        )
-    return principal
+    return authenticate(admin_state(request), client_of(request), token)
 
 
 def reader(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    """Any valid token (reads)."""
+    """Any valid token (reads). The app's gate has checked it before the body was read
+    (:mod:`iqbridge.admin.gate`); checked here otherwise."""
+    checked = request.scope.get(PRINCIPAL)
+    if isinstance(checked, Principal):
+        return checked
     return bearer(request, credentials)
 
 

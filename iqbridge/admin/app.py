@@ -23,6 +23,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY, RequestBodyLimitMiddleware
 
 import iqbridge
 from iqbridge.admin import dashboard, dashboard_ops
@@ -30,6 +31,7 @@ from iqbridge.admin.api import reader, router
 from iqbridge.admin.auth import Principal, TokenRing
 from iqbridge.admin.config import AdminConfig
 from iqbridge.admin.errors import AdminHTTPError, Scrubber, classify
+from iqbridge.admin.gate import Gate, too_large
 from iqbridge.admin.hubs import Hubs
 from iqbridge.admin.service import AdminService
 from iqbridge.admin.sessions import Sessions
@@ -88,6 +90,10 @@ def create_app(
     _add_meta_routes(app)
     _add_metrics(app, hubs)
     _add_error_handlers(app)
+    # Innermost first: the streamed body counted, then the gate (token and announced
+    # size, before any body is read), then the security headers on every answer.
+    app.add_middleware(RequestBodyLimitMiddleware, max_body_size=config.max_body_bytes)
+    app.add_middleware(Gate, max_body=config.max_body_bytes, respond=_refuse)
     app.middleware("http")(_headers)
     return app
 
@@ -152,6 +158,20 @@ def _error(
     return JSONResponse({"error": kind, "detail": text}, status_code=status, headers=headers)
 
 
+def _refuse(request: Request, exc: AdminHTTPError) -> Response:
+    return _error(request, exc.status, exc.kind, exc.detail, exc.headers)
+
+
+def _unreadable(exc: StarletteHTTPException) -> str:
+    """What was wrong with a body FastAPI could not parse (its 400)."""
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        return "the JSON body is nested too deeply to decode; send a flat object"
+    if exc.detail == "There was an error parsing the body":
+        return "the request body cannot be decoded: send a JSON object"
+    return str(exc.detail)
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     async def on_admin(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, AdminHTTPError)
@@ -161,9 +181,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     async def on_iq(request: Request, exc: Exception) -> Response:
         status, kind = classify(exc)
+        text = admin_state(request).scrub(str(exc))
         if status >= 500:
-            log.warning("admin request %r failed: %s", request.url.path, type(exc).__name__)
-        return _error(request, status, kind, str(exc), {})
+            log.warning(
+                "admin request %r failed: %s: %s", request.url.path, type(exc).__name__, text
+            )
+        return _error(request, status, kind, text, {})
 
     async def on_validation(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -175,8 +198,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         headers = dict(exc.headers or {})
+        if exc.status_code == 400:  # a body that cannot be decoded is bad input
+            return _error(request, 422, "invalid_argument", _unreadable(exc), headers)
+        if exc.status_code == 413:  # a streamed body past the limit
+            return _refuse(request, too_large(request.scope.get(MAX_BODY_SIZE_SCOPE_KEY, 0)))
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return _error(request, exc.status_code, kind, str(exc.detail), headers)
 
     async def on_other(request: Request, exc: Exception) -> Response:

@@ -3,11 +3,13 @@
 
 Token values never appear in the file: each token names an environment variable or a
 file holding its value, read once when the server starts (:mod:`iqbridge.admin.auth`).
-A bad file raises :class:`AdminConfigError` naming the field that is wrong.
+A bad file raises :class:`AdminConfigError` listing every problem, each naming its
+field; hub URLs are checked as far as they can be without connecting.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -23,8 +25,11 @@ from pydantic import (
 )
 
 from iqbridge.errors import ConfigurationError
+from iqbridge.registry import adapter_class, redact, store_class
 
 __all__ = [
+    "DEFAULT_MAX_BODY",
+    "DEFAULT_RATE",
     "AdminConfig",
     "AdminConfigError",
     "BridgeSpec",
@@ -48,6 +53,9 @@ class AdminConfigError(ConfigurationError):
 
 #: Wrong tokens one client address may present by default (``limits`` notation).
 DEFAULT_RATE = "10/minute"
+
+#: The largest request body accepted by default, in bytes (1 MiB).
+DEFAULT_MAX_BODY = 1024 * 1024
 
 
 class _Strict(BaseModel):
@@ -78,11 +86,42 @@ class TokenSpec(_Strict):
 
 
 class HubSpec(_Strict):
-    """One hub: a broker URL and, optionally, its index store URL."""
+    """One hub: a broker URL and, optionally, its index store URL. What can be checked
+    without connecting is checked here (the scheme, the driver, an index store for a
+    broker without a default one), so a typo stops the server at start-up; a broker that
+    is down is found on first use."""
 
     name: str = Field(pattern=_NAME)
     url: str = Field(min_length=1)
     index: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _broker(cls, value: str) -> str:
+        try:
+            adapter_class(value)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("index")
+    @classmethod
+    def _store(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                store_class(value)
+            except ConfigurationError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _has_index(self) -> HubSpec:
+        if self.index is None and getattr(adapter_class(self.url), "default_index", None) is None:
+            raise ValueError(
+                f"the broker at {redact(self.url)} has no default index store: give the hub "
+                f"an index URL (index: 'sqlite:///iqbridge-index.db' or another store)"
+            )
+        return self
 
 
 class BridgeSpec(_Strict):
@@ -103,6 +142,25 @@ class AdminConfig(_Strict):
     #: Wrong tokens one client address may present (``limits`` notation, e.g.
     #: ``10/minute``); past that it gets 429 until the window frees.
     failed_logins: str = DEFAULT_RATE
+    #: The largest request body accepted, in bytes (413 past it).
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY, ge=1)
+    #: Reverse proxies (addresses or networks) whose X-Forwarded-For and
+    #: X-Forwarded-Proto are believed; none by default, so no client can choose the
+    #: address its wrong tokens are counted against.
+    trusted_proxies: list[str] = []
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item.strip(), strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{item!r} is not an IP address or network: name each proxy as "
+                    f"'10.0.0.5' or '10.0.0.0/24'"
+                ) from None
+        return [item.strip() for item in value]
 
     @field_validator("failed_logins")
     @classmethod
@@ -134,23 +192,35 @@ class AdminConfig(_Strict):
         return next((h for h in self.hubs if h.name == name), None)
 
 
-def _where(loc: Sequence[int | str]) -> str:
-    return ".".join(str(p) for p in loc) or "(top level)"
+_KINDS = {"tokens": "token", "hubs": "hub", "bridges": "bridge"}
+
+
+def _where(data: dict[str, Any], loc: Sequence[int | str]) -> str:
+    """The dotted path of a field, with the name of the token, hub or bridge it is in
+    (``hubs.1.url (hub 'down')``)."""
+    where = ".".join(str(p) for p in loc) or "(top level)"
+    if len(loc) >= 2 and loc[0] in _KINDS and isinstance(loc[1], int):
+        items = data.get(str(loc[0]))
+        item = items[loc[1]] if isinstance(items, list) and loc[1] < len(items) else None
+        name = item.get("name") if isinstance(item, dict) else None
+        if isinstance(name, str) and name:
+            where += f" ({_KINDS[str(loc[0])]} {name!r})"
+    return where
 
 
 def parse_config(data: Any, *, source: str = "admin config") -> AdminConfig:
-    """An :class:`AdminConfig` from parsed YAML; AdminConfigError naming the bad field."""
+    """An :class:`AdminConfig` from parsed YAML; AdminConfigError listing every problem,
+    each naming its field."""
     if not isinstance(data, dict):
         raise AdminConfigError(f"{source}: expected a mapping with tokens and hubs")
     try:
         return AdminConfig.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        more = len(exc.errors()) - 1
-        text = f"{source}: {_where(first['loc'])}: {first['msg']}"
-        if more:
-            text += f" (and {more} more problem(s))"
-        raise AdminConfigError(text) from None
+        problems = [
+            f"{_where(data, err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors(include_url=False, include_input=False)
+        ]
+        raise AdminConfigError(f"{source}: " + "; ".join(problems)) from None
 
 
 def load_config(path: str | Path) -> AdminConfig:

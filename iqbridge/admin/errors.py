@@ -7,8 +7,10 @@ error                                                  status  kind
 no or a wrong token                                    401     unauthorized
 a readonly token on an action                          403     forbidden
 unknown hub, queue or message                          404     not_found
+a route called with a method it does not take          405     method_not_allowed
 IllegalTransition, ConcurrentUpdate, locks, leases     409     conflict kinds
-bad input (validation, InvalidArgument)                422     invalid_argument
+a request body over max_body_bytes                     413     payload_too_large
+bad input (validation, InvalidArgument, bad JSON)      422     invalid_argument
 too many wrong tokens from one address                 429     too_many_attempts
 a hub's broker or index unreachable                    503     unavailable
 anything else                                          500     internal

@@ -30,15 +30,13 @@ class HubNotFound(QueueError):
 
 
 class HubUnavailable(IQError):
-    """A configured hub cannot be opened (its broker or index store is unreachable, or
-    its URL is wrong)."""
+    """A configured hub cannot be opened or its connection broke: the broker or the
+    index store is down or refuses (``reason`` says which and why, free of secrets)."""
 
-    def __init__(self, name: str, kind: str) -> None:
+    def __init__(self, name: str, reason: str) -> None:
         self.name = name
-        super().__init__(
-            f"hub {name!r} is unavailable ({kind}); see the server log, and check that its "
-            f"broker and index store are running"
-        )
+        self.reason = reason
+        super().__init__(f"hub {name!r} is unavailable: {reason}")
 
 
 def url_secrets(url: str | None) -> list[str]:
@@ -114,11 +112,10 @@ class Hubs:
             try:
                 hub = connect(spec.url, spec.index, publisher="iq-admin")
             except IQError as exc:
-                # The message may carry a redacted URL; log the type and hub only.
-                kind = type(exc).__name__
-                log.warning("hub %r cannot be opened: %s", name, kind)
-                self._failed[name] = (self._clock(), kind)
-                raise HubUnavailable(name, kind) from None
+                reason = self._reason(name, exc)
+                log.warning("hub %r (%s) cannot be opened: %s", name, self._where(name), reason)
+                self._failed[name] = (self._clock(), reason)
+                raise HubUnavailable(name, reason) from None
             self._failed.pop(name, None)
             with self._lock:
                 self._open[name] = hub
@@ -130,8 +127,24 @@ class Hubs:
         try:
             yield self.hub(name)
         except ConnectionError as exc:
-            log.warning("hub %r failed: %s", name, type(exc).__name__)
-            raise HubUnavailable(name, type(exc).__name__) from None
+            reason = self._reason(name, exc)
+            log.warning("hub %r (%s) failed: %s", name, self._where(name), reason)
+            raise HubUnavailable(name, reason) from None
+
+    def _where(self, name: str) -> str:
+        """The hub's redacted broker URL, and its index URL when it has one."""
+        spec = self.spec(name)
+        index = f", index {redact(spec.index)}" if spec.index else ""
+        return redact(spec.url) + index
+
+    def _reason(self, name: str, exc: IQError) -> str:
+        """What went wrong, as the adapter or store said it (they redact the URLs they
+        name), with the hub's passwords masked again in case one slipped through."""
+        text = f"{type(exc).__name__}: {exc}"
+        spec = self.spec(name)
+        for secret in url_secrets(spec.url) + url_secrets(spec.index):
+            text = text.replace(secret, "***")
+        return text
 
     def queue(self, hub: str, queue: str) -> Queue:
         """An existing queue of a hub (UnknownQueueError when nobody has used it)."""

@@ -7,9 +7,10 @@ with a token are refused with 429 and ``Retry-After`` before any token is compar
 right or wrong, so guessing tokens costs the window's length per few guesses. Requests
 without a token never count: a scraper not yet configured is not guessing.
 
-The address is the connecting peer's (``request.client.host``): behind a reverse proxy
-every client shares the proxy's, so the limit applies to them together; put the limit
-in the proxy then, and keep this one as the last line.
+The address is ``request.client.host``: the connecting peer's, since ``iq admin serve``
+believes no ``X-Forwarded-For`` unless ``trusted_proxies`` names the proxy that sends it
+(:mod:`iqbridge.admin.server`). Behind a proxy not named there every client shares the
+proxy's address, so the limit applies to them together.
 """
 
 from __future__ import annotations

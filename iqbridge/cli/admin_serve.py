@@ -49,20 +49,15 @@ def serve(
     import uvicorn
 
     from iqbridge.admin import create_app, load_config
+    from iqbridge.admin.server import server_config
 
     cfg = load_config(config)
     app = create_app(cfg)
     state = app.state.admin
     settings(ctx).more_secrets.extend([*state.tokens.secrets(), *state.service.hubs.secrets()])
+    server = uvicorn.Server(server_config(app, cfg, host=host, port=port))
     _log_to_stderr()
-    uvicorn.run(
-        app,
-        host=host or cfg.listen.host,
-        port=port or cfg.listen.port,
-        log_level="info",
-        access_log=True,
-        server_header=False,
-    )
+    server.run()
 
 
 def _log_to_stderr() -> None:

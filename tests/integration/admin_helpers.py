@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,10 +34,12 @@ def admin_config(
     hubs: Mapping[str, str],
     bridges: Mapping[str, Path] | None = None,
     failed_logins: str = "1000/minute",
+    **extra: Any,
 ) -> AdminConfig:
     """Tokens ops (admin, from the environment) and viewer (readonly, from a file).
     ``failed_logins`` is generous: the route sweeps present wrong tokens on purpose, from
-    the one test client address (test_admin_throttle.py tests the limit)."""
+    the one test client address (test_admin_throttle.py tests the limit). ``extra``:
+    more keys of the file (``max_body_bytes``, ``trusted_proxies``...)."""
     secret = tmp_path / "viewer-token"
     secret.write_text(VIEWER_TOKEN + "\n")
     return parse_config(
@@ -46,6 +51,7 @@ def admin_config(
             "hubs": [{"name": n, "url": u} for n, u in hubs.items()],
             "bridges": [{"name": n, "health_file": str(p)} for n, p in (bridges or {}).items()],
             "failed_logins": failed_logins,
+            **extra,
         }
     )
 
@@ -64,6 +70,34 @@ def admin_client(
     """A TestClient of the admin app (its hubs closed afterwards)."""
     with TestClient(make_app(tmp_path, hubs, bridges)) as client:
         yield client
+
+
+@contextlib.contextmanager
+def serving(config: AdminConfig) -> Iterator[str]:
+    """The admin app over ``config`` in a real uvicorn server, configured exactly as
+    ``iq admin serve`` configures it (:func:`iqbridge.admin.server.server_config`), on a
+    free loopback port; yields its base URL."""
+    import uvicorn
+
+    from iqbridge.admin.server import server_config
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    app = create_app(config, environ=ENVIRON)
+    server = uvicorn.Server(server_config(app, config, host="127.0.0.1", port=port))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        sock.close()
 
 
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')

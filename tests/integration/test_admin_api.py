@@ -429,15 +429,61 @@ def test_cli_admin_serve_help() -> None:
             "hubs: [{name: a, url: 'sqlite:///a.db'}]\n",
             "token 'ops'",
         ),
+        (
+            f"tokens: [{{name: ops, role: admin, env: {ADMIN_ENV}}}]\n"
+            "hubs: [{name: a, url: 'sqlite:///a.db'}, {name: typo, url: 'sqlit:///b.db'}]\n",
+            "hubs.1.url (hub 'typo'): unknown URL scheme 'sqlit'; did you mean 'sqlite'?",
+        ),
+        (
+            f"tokens: [{{name: ops, role: admin, env: {ADMIN_ENV}}}]\n"
+            "hubs: [{name: r, url: 'redis://:pw-9@127.0.0.1:1/0', index: 'postgress://h/db'}]\n",
+            "hubs.0.index (hub 'r'): unknown URL scheme 'postgress'; did you mean 'postgres'?",
+        ),
+        (
+            f"tokens: [{{name: ops, role: admin, env: {ADMIN_ENV}}}]\n"
+            "hubs: [{name: aq, url: 'oracle+aq://u:pw-9@db/svc'}]\n",
+            "hubs.0 (hub 'aq'): the broker at oracle+aq://u:***@db/svc has no default index",
+        ),
     ],
 )
-def test_cli_admin_serve_bad_config_is_one_line(tmp_path: Path, text: str, says: str) -> None:
+def test_cli_admin_serve_bad_config_is_one_line(
+    tmp_path: Path, text: str, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    def started(self: uvicorn.Server) -> None:
+        raise AssertionError("the server started with a bad configuration")
+
+    monkeypatch.setattr(uvicorn.Server, "run", started)
     cfg = tmp_path / "hubs.yaml"
     cfg.write_text(text)
-    result = CliRunner().invoke(cli_app, ["admin", "serve", "--config", str(cfg)])
+    env = {ADMIN_ENV: ADMIN_TOKEN}
+    result = CliRunner().invoke(cli_app, ["admin", "serve", "--config", str(cfg)], env=env)
     line = one_error_line(result, 1)
     assert says in line
-    assert ADMIN_TOKEN not in result.output
+    assert ADMIN_TOKEN not in result.output and "pw-9" not in result.output
+
+
+def test_cli_admin_serve_lists_every_problem_of_the_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "hubs.yaml"
+    cfg.write_text(
+        "tokens: [{name: ops, role: root, env: X}]\n"
+        "hubs: [{name: a, url: 'sqlit:///a.db'}]\n"
+        "bridges: [{name: b}]\n"
+        "max_body_bytes: 0\n"
+        "trusted_proxies: [everyone]\n"
+    )
+    result = CliRunner().invoke(cli_app, ["admin", "serve", "--config", str(cfg)])
+    line = one_error_line(result, 1)
+    for problem in (
+        "tokens.0.role (token 'ops'): Input should be 'admin' or 'readonly'",
+        "hubs.0.url (hub 'a'): unknown URL scheme 'sqlit'; did you mean 'sqlite'?",
+        "bridges.0.health_file (bridge 'b'): Field required",
+        "max_body_bytes: Input should be greater than or equal to 1",
+        "trusted_proxies: 'everyone' is not an IP address or network",
+    ):
+        assert problem in line, problem
+    assert "more problem" not in line
 
 
 def test_cli_admin_serve_missing_file_is_one_line(tmp_path: Path) -> None:
@@ -458,15 +504,16 @@ def test_cli_admin_serve_runs_uvicorn_with_the_files_listen_address(
         f"tokens: [{{name: ops, role: admin, env: {ADMIN_ENV}}}]\n"
         f"hubs: [{{name: a, url: 'sqlite:///{tmp_path}/a.db'}}]\n"
     )
-    calls: list[dict[str, object]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append({"app": app, **kw}))
+    configs: list[uvicorn.Config] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: configs.append(self.config))
     monkeypatch.setattr(admin_serve, "_log_to_stderr", lambda: None)
     env = {ADMIN_ENV: ADMIN_TOKEN}
     runner = CliRunner()
     assert runner.invoke(cli_app, ["admin", "serve", "-c", str(cfg)], env=env).exit_code == 0
     args = ["admin", "serve", "-c", str(cfg), "--port", "9999", "--host", "0.0.0.0"]
     assert runner.invoke(cli_app, args, env=env).exit_code == 0
-    assert [(c["host"], c["port"]) for c in calls] == [("127.0.0.2", 9181), ("0.0.0.0", 9999)]
+    assert [(c.host, c.port) for c in configs] == [("127.0.0.2", 9181), ("0.0.0.0", 9999)]
+    assert not configs[0].server_header
 
 
 def test_cli_admin_serve_without_the_extra_says_what_to_install(
@@ -529,3 +576,27 @@ def test_metrics_over_every_hub_need_a_token_and_name_no_secret(
         )
         == 1
     )
+
+
+# --- bad bodies --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"[" * 200_000 + b"]" * 200_000, "nested too deeply"),
+        (b'{"subscriber": "\xff\xfe"}', "cannot be decoded"),
+        (b'{"subscriber": ', "JSON decode error"),
+    ],
+    ids=["200000-levels", "not-utf8", "truncated"],
+)
+def test_an_undecodable_body_is_422_invalid_argument(
+    tmp_path: Path, orders: Orders, body: bytes, says: str
+) -> None:
+    headers = {**AUTH, "Content-Type": "application/json"}
+    with admin_client(tmp_path, {"sales": orders.url}) as c:
+        r = c.post("/api/hubs/sales/queues/orders/redrive", content=body, headers=headers)
+        assert r.status_code == 422, r.text
+        assert r.json()["error"] == "invalid_argument"
+        assert says in r.json()["detail"]
+        assert detail(c, "/api/hubs")[0]["available"] is True  # the server is fine

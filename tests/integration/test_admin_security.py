@@ -26,6 +26,7 @@ from tests.integration.admin_helpers import (
     AUTH,
     DOWN_PASSWORD,
     DOWN_URL,
+    ENVIRON,
     VIEW,
     VIEWER_TOKEN,
     admin_config,
@@ -245,6 +246,32 @@ def test_unreachable_hub_is_a_clean_503_naming_it(client: TestClient) -> None:
     assert r.status_code == 503
 
 
+def test_an_unreachable_hub_says_where_and_why(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server log names the hub, its URL (redacted) and the reason; the API and the
+    dashboard give the reason itself, not "see the server log"."""
+    caplog.set_level(logging.WARNING, logger="iqbridge.admin")
+    r = client.get("/api/hubs/down/queues", headers=AUTH)
+    assert r.status_code == 503
+    why = r.json()["detail"]
+    assert why.startswith("hub 'down' is unavailable: BrokerUnavailable: cannot reach Redis")
+    assert "refused" in why.lower(), why
+    assert "server log" not in why
+    records = [m.getMessage() for m in caplog.records]
+    [line] = [m for m in records if m.startswith("hub 'down' ")]
+    assert line.startswith("hub 'down' (redis://:***@127.0.0.1:1/0) cannot be opened: ")
+    assert "BrokerUnavailable: cannot reach Redis" in line
+    [request] = [m for m in records if m.startswith("admin request")]
+    assert "cannot reach Redis" in request
+    login(client)
+    page = client.get("/ui/")
+    m = re.search(r'data-hub-error="down">([^<]*)<', page.text)
+    assert m is not None and "cannot reach Redis" in m.group(1), page.text
+    for text in (why, line, request, page.text):
+        assert DOWN_PASSWORD not in text
+
+
 def test_no_secret_in_any_response_or_log_record(
     client: TestClient, data: Data, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -377,3 +404,52 @@ def test_an_unreachable_hub_is_retried_after_a_pause(monkeypatch: pytest.MonkeyP
     with pytest.raises(HubUnavailable):
         hubs.hub("down")
     assert len(tries) == 2
+
+
+def test_the_token_is_checked_before_the_body_is_read(tmp_path: Path) -> None:
+    """A stranger's body is never read, however large (the gate answers first); a
+    caller's body over max_body_bytes is 413 and no route runs."""
+    config = admin_config(tmp_path, {"local": "memory://"}, max_body_bytes=1024)
+    pulled: list[int] = []
+
+    def body() -> Iterator[bytes]:
+        for i in range(64):
+            pulled.append(i)
+            yield b" " * 1024
+
+    ran: list[str] = []
+    route = "/api/hubs/local/queues/q/redrive"
+    with TestClient(create_app(config, environ=ENVIRON)) as c:
+        state = c.app.state.admin  # type: ignore[attr-defined]
+        state.service = _Spy(state.service, ran)
+        for headers in ({}, WRONG, {"Authorization": ADMIN_TOKEN}):
+            r = c.post(route, content=body(), headers=headers)
+            assert r.status_code == 401, r.text
+            assert pulled == []  # not one byte of the body was asked for
+        big = c.post(
+            route, content=b"{" + b" " * 4096 + b"}", headers={**AUTH, "Content-Type": "x/y"}
+        )
+        assert big.status_code == 413, big.text
+        assert big.json() == {
+            "error": "payload_too_large",
+            "detail": "the request body is larger than 1024 bytes, the server's max_body_bytes",
+        }
+        streamed = c.post(route, content=body(), headers=AUTH)
+        assert streamed.status_code == 413 and streamed.json()["error"] == "payload_too_large"
+        form = c.post("/ui/login", data={"token": "x" * 5000})
+        assert form.status_code == 413 and 'data-kind="payload_too_large"' in form.text
+        assert ran == []  # no route reached the service
+        ok = c.post(route, json={"subscriber": "billing"}, headers=AUTH)
+        assert ok.status_code != 413 and ran == ["redrive"]
+
+
+class _Spy:
+    """Wraps the app's service: records the name of each method a route calls."""
+
+    def __init__(self, inner: object, calls: list[str]) -> None:
+        self._inner = inner
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        self._calls.append(name)
+        return getattr(self._inner, name)
