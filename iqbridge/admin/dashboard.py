@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from iqbridge.admin.dashboard_views import paging, timeline
+from iqbridge.admin.dashboard_views import PER_PAGE, paging, timeline
 from iqbridge.admin.errors import AdminHTTPError, classify
 from iqbridge.admin.hubs import HubUnavailable
 from iqbridge.admin.schemas import QueueCountsOut, RedriveRequest
@@ -192,7 +192,7 @@ def queue_page(
     subscriber: str = "",
     since: str = "",
     until: str = "",
-    limit: str = "100",
+    limit: str = str(PER_PAGE),
     offset: str = "",
 ) -> Response:
     """A queue's search form and a page of the messages it finds (``limit`` a page,
@@ -215,7 +215,7 @@ def queue_page(
     ctx: dict[str, Any] = {"hub": hub, "queue": queue, "form": form, "counts": counts}
     ctx["paging"] = None
     try:
-        lim = _opt_int(limit, "limit") or 100
+        lim = _opt_int(limit, "limit") or PER_PAGE
         if not 1 <= lim <= 1000:
             raise InvalidArgument("limit (messages per page) must be between 1 and 1000")
         start = _opt_int(offset, "offset") or 0

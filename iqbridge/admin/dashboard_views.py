@@ -18,7 +18,10 @@ from urllib.parse import urlencode
 from iqbridge.admin.schemas import MessageOut, StepOut
 from iqbridge.admin.service import SearchPage
 
-__all__ = ["duration", "paging", "timeline"]
+__all__ = ["PER_PAGE", "duration", "paging", "timeline"]
+
+#: Messages a search page shows unless told otherwise.
+PER_PAGE = 100
 
 
 def duration(delta: timedelta) -> str:
@@ -86,7 +89,9 @@ def paging(path: str, form: dict[str, str], page: SearchPage, per_page: int) -> 
     the previous and next pages, each keeping the search's filters."""
     shown = len(page.rows)
     total = _fmt(page.total) if page.exact else f"more than {_fmt(page.total)}"
-    if shown:
+    if shown == 1:
+        summary = f"message {_fmt(page.offset + 1)} of {total}"
+    elif shown:
         first, last = page.offset + 1, page.offset + shown
         summary = f"messages {_fmt(first)}-{_fmt(last)} of {total}"
     elif page.total and page.offset:
@@ -94,6 +99,8 @@ def paging(path: str, form: dict[str, str], page: SearchPage, per_page: int) -> 
     else:
         summary = "no message matches"
     kept = {k: v for k, v in form.items() if v.strip() and k != "offset"}
+    if kept.get("limit", "").strip() == str(PER_PAGE):
+        del kept["limit"]
 
     def link(offset: int) -> str:
         query = dict(kept, offset=str(offset)) if offset else kept

@@ -258,9 +258,11 @@ class AdminService:
             if _unfiltered(flt):
                 found = q.search(dataclasses.replace(flt, limit=offset + page))
                 rows = found[offset:]
-                total = max(queue_total, offset + len(rows))
+                total = max(queue_total, offset + len(rows)) if rows else queue_total
                 return SearchPage([_summary(s) for s in rows], offset, total, True, bound)
-            found = q.search(dataclasses.replace(flt, limit=bound + 1))
+            # One read both counts (to the bound, and one more to know there are more)
+            # and holds the page, which may run past the bound.
+            found = q.search(dataclasses.replace(flt, limit=max(bound, offset + page) + 1))
         rows = found[offset : offset + page]
         exact = len(found) <= bound
         total = min(len(found), bound)

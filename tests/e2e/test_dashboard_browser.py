@@ -403,7 +403,7 @@ def test_queue_page_counts_the_matches_and_pages_through_every_one(
         if not page.b.find_elements(By.ID, "page-next"):
             break
         page.follow("page-next")
-    assert page.text("#page-summary") == "messages 1,001-1,001 of 1,001"
+    assert page.text("#page-summary") == "message 1,001 of 1,001"
     assert page.text("nav.pager .hint") == "page 5 of 5"
     assert west == busy.bulk[BULK // 2 :]
 
