@@ -440,6 +440,10 @@ class MessageSummary:
     created_at: datetime
     subscribers: Mapping[str, SubscriberState | None]
     parents: Sequence[str] = ()
+    #: For each subscriber that is JOURNALLED, the state it was journalled after: DONE
+    #: (it did the work), UNUSABLE (it failed for good) or EXPIRED (its pool went to
+    #: another member, or its time limit passed).
+    outcomes: Mapping[str, SubscriberState] = field(default_factory=dict)
 
 
 #: Subscriber states of a member that still has the message to process.

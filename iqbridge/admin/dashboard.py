@@ -18,9 +18,10 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from iqbridge.admin.dashboard_views import PER_PAGE, paging, timeline
 from iqbridge.admin.errors import AdminHTTPError, classify
 from iqbridge.admin.hubs import HubUnavailable
-from iqbridge.admin.schemas import MessageOut, QueueCountsOut, RedriveRequest
+from iqbridge.admin.schemas import QueueCountsOut, RedriveRequest
 from iqbridge.admin.service import SearchParams
 from iqbridge.admin.sessions import COOKIE, Session
 from iqbridge.admin.state import admin_state
@@ -35,7 +36,6 @@ __all__ = [
     "render",
     "require_admin",
     "router",
-    "timeline",
 ]
 
 _ENV = jinja2.Environment(
@@ -192,9 +192,11 @@ def queue_page(
     subscriber: str = "",
     since: str = "",
     until: str = "",
-    limit: str = "100",
+    limit: str = str(PER_PAGE),
+    offset: str = "",
 ) -> Response:
-    """A queue's search form and the messages it finds."""
+    """A queue's search form and a page of the messages it finds (``limit`` a page,
+    from ``offset``), with how many match in all and links to the other pages."""
     svc = admin_state(request).service
     form = {
         "msg_id": msg_id,
@@ -211,10 +213,12 @@ def queue_page(
     if counts is None:
         svc.hubs.queue(hub, queue)  # the typed 404
     ctx: dict[str, Any] = {"hub": hub, "queue": queue, "form": form, "counts": counts}
+    ctx["paging"] = None
     try:
-        lim = _opt_int(limit, "limit") or 100
+        lim = _opt_int(limit, "limit") or PER_PAGE
         if not 1 <= lim <= 1000:
-            raise InvalidArgument("limit must be between 1 and 1000")
+            raise InvalidArgument("limit (messages per page) must be between 1 and 1000")
+        start = _opt_int(offset, "offset") or 0
         prio = _opt_int(priority, "priority")
         if prio is not None and not 0 <= prio <= 9:
             raise InvalidArgument("priority must be between 0 and 9")
@@ -229,7 +233,10 @@ def queue_page(
             _opt_time(until, "until"),
             lim,
         )
-        ctx["results"] = svc.search(hub, queue, params)
+        total = counts.messages if counts is not None else 0
+        page = svc.search_page(hub, queue, params, start, total)
+        ctx["results"] = page.rows
+        ctx["paging"] = paging(request.url.path, form, page, lim)
     except IQError as exc:
         status, _kind = classify(exc)
         if status >= 500 or status == 404:
@@ -238,35 +245,6 @@ def queue_page(
         ctx["error"] = admin_state(request).scrub(str(exc))
         return render(request, "queue.html", ctx, status, s)
     return render(request, "queue.html", ctx, s=s)
-
-
-def timeline(msg: MessageOut) -> dict[str, Any]:
-    """The rows of the message's timeline drawing: one per actor (the publisher, then
-    each subscriber), each state a point placed by the rank of its time among all the
-    message's transitions (time order kept, labels apart)."""
-    rows = [("publisher", msg.publisher_history)] + [
-        (f"{v.subscriber}", v.history) for v in msg.subscribers
-    ]
-    # Steps of one actor at the same instant (PUT and REVEALED of a plain put) keep
-    # their order: rank by (time, position in the actor's history).
-    keys = sorted({(step.at, i) for _, hist in rows for i, step in enumerate(hist)})
-    rank = {k: n for n, k in enumerate(keys)}
-    span = max(len(keys) - 1, 1)
-    left, right = 150, 930
-    out = []
-    for i, (label, hist) in enumerate(rows):
-        y = 30 + 40 * i
-        points = [
-            {
-                "x": round(left + (right - left) * rank[(step.at, j)] / span, 1),
-                "y": y,
-                "state": step.state,
-                "at": step.at.isoformat(timespec="milliseconds"),
-            }
-            for j, step in enumerate(hist)
-        ]
-        out.append({"label": label, "y": y, "points": points})
-    return {"rows": out, "left": left, "right": right, "height": 40 * len(rows) + 20}
 
 
 def _message_ctx(request: Request, hub: str, queue: str, msg_id: str) -> dict[str, Any]:

@@ -74,6 +74,11 @@ class SummaryOut(BaseModel):
     created_at: datetime
     subscribers: dict[str, str | None]
     parents: list[str]
+    outcomes: dict[str, str] = Field(
+        default_factory=dict,
+        description="For each JOURNALLED subscriber, the state it was journalled after: "
+        "DONE, UNUSABLE or EXPIRED (a pool member that lost the race)",
+    )
 
 
 class StepOut(BaseModel):
@@ -94,6 +99,11 @@ class SubscriberOut(BaseModel):
     lease_owner: str | None
     lease_until: datetime | None
     history: list[StepOut]
+    outcome: str | None = Field(
+        default=None,
+        description="When JOURNALLED, the state it was journalled after: DONE, UNUSABLE "
+        "or EXPIRED (a pool member that lost the race); else null",
+    )
 
 
 class JournalOut(BaseModel):

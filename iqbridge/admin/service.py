@@ -43,14 +43,21 @@ from iqbridge.bridge import Lineage, check_health
 from iqbridge.cli.parsing import parse_state as cli_parse_state
 from iqbridge.errors import InvalidArgument, IQError
 from iqbridge.hub import Hub
-from iqbridge.model import Filter, MessageRecord, MessageState, MessageSummary, from_micros
+from iqbridge.model import (
+    Filter,
+    MessageRecord,
+    MessageState,
+    MessageSummary,
+    SubscriberView,
+    from_micros,
+)
 from iqbridge.queue import Queue
 from iqbridge.states import PublisherState, SubscriberState
 
 if TYPE_CHECKING:  # recovery/ is installed as iqbridge.recovery; mypy reads it as its own root
     from recovery.crossqueue import CrossQueueRecovery  # noqa: TID251
 
-__all__ = ["AdminService", "SearchParams", "parse_state"]
+__all__ = ["SCAN_BOUND", "AdminService", "SearchPage", "SearchParams", "parse_state"]
 
 log = logging.getLogger("iqbridge.admin")
 
@@ -64,6 +71,9 @@ _MAX_NODES = 200
 _CHILD_SCAN = 1000
 #: Children may be put on hosts whose clocks run behind the parent's.
 _CLOCK_SLACK = timedelta(minutes=5)
+#: Matches a paged search reads at most: it counts a filtered search up to this many, and
+#: pages no further (the index search has no cursor: each page reads the ones before it).
+SCAN_BOUND = 10_000
 
 
 def parse_state(
@@ -111,6 +121,21 @@ class SearchParams:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class SearchPage:
+    """One page of a search: its rows, where it starts, and how many match in all.
+
+    ``total`` is exact when ``exact``; otherwise more than ``total`` (that is,
+    ``bound``) messages match. Pages reach no further than ``bound`` matches.
+    """
+
+    rows: list[SummaryOut]
+    offset: int
+    total: int
+    exact: bool
+    bound: int
+
+
 def _steps(history: Sequence[tuple[object, datetime]]) -> list[StepOut]:
     return [StepOut(state=str(s), at=t) for s, t in history]
 
@@ -127,7 +152,19 @@ def _summary(s: MessageSummary) -> SummaryOut:
         created_at=s.created_at,
         subscribers={k: None if v is None else str(v) for k, v in s.subscribers.items()},
         parents=list(s.parents),
+        outcomes={k: str(v) for k, v in s.outcomes.items()},
     )
+
+
+def _outcome(v: SubscriberView) -> str | None:
+    """What a JOURNALLED member did: the last state of its history before JOURNALLED."""
+    if v.state is not SubscriberState.JOURNALLED or len(v.history) < 2:
+        return None
+    return str(v.history[-2][0])
+
+
+def _unfiltered(flt: Filter) -> bool:
+    return dataclasses.replace(flt, limit=0) == Filter(limit=0)
 
 
 def _member_states(st: MessageState) -> dict[str, str | None]:
@@ -145,6 +182,9 @@ def _is_unusable(rec: MessageRecord, subscriber: str) -> bool:
 
 class AdminService:
     """Reads and actions over the configured hubs (shared by the API and dashboard)."""
+
+    #: How far a paged search reads (see :data:`SCAN_BOUND`).
+    scan_bound = SCAN_BOUND
 
     def __init__(self, hubs: Hubs, bridges: Sequence[BridgeSpec] = ()) -> None:
         self.hubs = hubs
@@ -198,6 +238,36 @@ class AdminService:
             q = self.hubs.queue(hub, queue)
             return [_summary(s) for s in q.search(flt)]
 
+    def search_page(
+        self, hub: str, queue: str, params: SearchParams, offset: int, queue_total: int
+    ) -> SearchPage:
+        """The ``params.limit`` matches from ``offset`` on, in put order, and how many
+        match in all: ``queue_total`` (the index's count of the queue's messages) when
+        nothing is filtered, else counted by the search itself up to
+        :attr:`scan_bound`. Pages reach no further than that bound."""
+        bound = self.scan_bound
+        if not 0 <= offset < bound:
+            raise InvalidArgument(
+                f"offset must be between 0 and {bound - 1:,}; to reach later messages, "
+                "narrow the search (since, until, publisher...)"
+            )
+        flt = params.to_filter()
+        page = params.limit
+        with self.hubs.using(hub):
+            q = self.hubs.queue(hub, queue)
+            if _unfiltered(flt):
+                found = q.search(dataclasses.replace(flt, limit=offset + page))
+                rows = found[offset:]
+                total = max(queue_total, offset + len(rows)) if rows else queue_total
+                return SearchPage([_summary(s) for s in rows], offset, total, True, bound)
+            # One read both counts (to the bound, and one more to know there are more)
+            # and holds the page, which may run past the bound.
+            found = q.search(dataclasses.replace(flt, limit=max(bound, offset + page) + 1))
+        rows = found[offset : offset + page]
+        exact = len(found) <= bound
+        total = min(len(found), bound)
+        return SearchPage([_summary(s) for s in rows], offset, total, exact, bound)
+
     def message(self, hub: str, queue: str, msg_id: str) -> MessageOut:
         """A message's timeline: publisher and subscribers with states and times."""
         with self.hubs.using(hub):
@@ -214,6 +284,7 @@ class AdminService:
                 lease_owner=v.lease_owner,
                 lease_until=v.lease_until,
                 history=_steps(v.history),
+                outcome=_outcome(v),
             )
             for v in st.subscribers.values()
         ]

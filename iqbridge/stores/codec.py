@@ -271,6 +271,11 @@ def summary(rec: MessageRecord) -> MessageSummary:
         created_at=from_micros(rec.created_at),
         subscribers={k: m.state for k, m in rec.members.items()},
         parents=rec.parents,
+        outcomes={
+            k: m.outcome
+            for k, m in rec.members.items()
+            if m.state is SubscriberState.JOURNALLED and m.outcome is not None
+        },
     )
 
 

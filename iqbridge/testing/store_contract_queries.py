@@ -261,6 +261,26 @@ class QueryTests(StoreContractBase):
         assert dict(hit.subscribers) == {"a": S.AVAILABLE, "b": S.AVAILABLE}
         assert store.search(queue, Filter(msg_id="no-such-message")) == []
 
+    def test_search_says_what_each_journalled_member_was_journalled_after(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        """A JOURNALLED member's summary outcome: DONE (it did the work), EXPIRED (its
+        pool went to another member) or UNUSABLE; members not journalled have none."""
+        pool = Pool("workers", ("w1", "w2"))
+        mid = self.put(store, queue, to=("c", "d"), pools=(pool,)).msg_id
+        won = self.claim(store, mid, "w1").record.members["w1"].lease_token
+        self.move(store, mid, lambda r: engine.done(r, "w1", won, T0 + SEC))
+        bad = self.claim(store, mid, "c").record.members["c"].lease_token
+        self.move(store, mid, lambda r: engine.unusable(r, "c", bad, T0 + SEC, "no schema"))
+        [hit] = store.search(queue, Filter(msg_id=mid))
+        assert dict(hit.subscribers) == {
+            "c": S.JOURNALLED,
+            "d": S.AVAILABLE,
+            "w1": S.JOURNALLED,
+            "w2": S.JOURNALLED,
+        }
+        assert dict(hit.outcomes) == {"c": S.UNUSABLE, "w1": S.DONE, "w2": S.EXPIRED}
+
     def test_search_by_parent_finds_the_children(self, store: IndexStore, queue: str) -> None:
         parent = self.put(store, queue).msg_id
         # Ids with LIKE wildcards and JSON escapes must match only themselves.

@@ -11,13 +11,17 @@ saved under ``IQ_SCREENSHOTS`` (default ``build/screenshots/``, which git ignore
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import shutil
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,12 +48,32 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextlib.contextmanager
+def _served(app: object) -> Iterator[str]:
+    """``app`` served by uvicorn on a free port; yields its base URL."""
+    import uvicorn
+
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "the admin server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], str]]:
     """The admin app served by uvicorn on a free port over two SQLite hubs with known
     traffic; yields its base URL, the msg_ids and the sales hub's URL."""
-    import uvicorn
-
     sales = f"sqlite:///{tmp_path / 'sales.db'}"
     credit = f"sqlite:///{tmp_path / 'credit.db'}"
     with iqbridge.connect(sales, publisher="till") as a, iqbridge.connect(credit) as b:
@@ -66,22 +90,8 @@ def site(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], str]]:
         c = b.queue("approvals")
         c.subscribe("credit")
         child = c.put({"order": 17, "score": 710}, parents=[sale])
-    app = make_app(tmp_path, {"sales": sales, "credit": credit})
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the admin server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", {"sale": sale, "child": child}, sales
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with _served(make_app(tmp_path, {"sales": sales, "credit": credit})) as base:
+        yield base, {"sale": sale, "child": child}, sales
 
 
 @pytest.fixture
@@ -172,7 +182,9 @@ def test_log_in_search_open_rereveal_and_see_the_new_state(
     assert b.find_element(By.ID, "msg-id").text == sale
     assert attr("#state-shipping", "data-state") == "JOURNALLED"
     assert attr("#state-billing", "data-state") == "JOURNALLED"
-    assert b.find_elements(By.CSS_SELECTOR, "#timeline circle.dot")
+    assert b.find_elements(
+        By.CSS_SELECTOR, '#timeline td.lane[data-actor="shipping"] [data-state="UNUSABLE"]'
+    )
     kids = b.find_elements(By.CSS_SELECTOR, "#lineage-descendants li[data-msg-id]")
     assert [k.get_attribute("data-msg-id") for k in kids] == [ids["child"]]
     payload = b.find_element(By.ID, "payload").text
@@ -205,10 +217,220 @@ def test_log_in_search_open_rereveal_and_see_the_new_state(
         e for e in st.journal if e.actor == "shipping" and e.dst == "AVAILABLE" and e.attempt == 2
     ]
     assert entry.detail == "by admin ops: address fixed"
-    assert sorted(p.name for p in SHOTS.glob("0*.png")) == [
+    assert {p.name for p in SHOTS.glob("0*.png")} >= {
         "01-login.png",
         "02-queues.png",
         "03-search.png",
         "04-message.png",
         "05-rereveal.png",
-    ]
+    }
+
+
+# --- a busy hub: a pool racing for a message, and a queue too long for one page ---------
+
+#: Messages on the long queue: more than 20 pages of the default 100.
+BULK = 2_002
+STATE_NAMES = [*(s.value for s in iqbridge.PublisherState), *(s.value for s in S)]
+
+
+@dataclass
+class Busy:
+    """Hub ``ops``: queue ``jobs`` (pool ``workers`` w1-w3 plus audit, archive and
+    billing; one message every one of them finished within milliseconds) and queue
+    ``bulk`` (:data:`BULK` messages, half put by ``east``, half by ``west``)."""
+
+    base: str
+    url: str
+    job: str
+    bulk: list[str]
+
+
+@pytest.fixture
+def busy(tmp_path: Path) -> Iterator[Busy]:
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    with iqbridge.connect(url, publisher="planner") as hub:
+        q = hub.queue("jobs")
+        q.subscribe_pool("workers", ["w1", "w2", "w3"])
+        q.subscribe("audit", "archive", "billing")
+        job = q.put({"job": 1})
+        for who in ("w1", "audit", "archive", "billing"):
+            got = q.get(who)
+            assert got is not None and got.msg_id == job
+            got.in_process()
+            if who == "audit":
+                got.unusable("schema 3 unknown")
+            else:
+                got.done()
+        bulk = hub.queue("bulk")
+        bulk.subscribe("reader")
+        ids = bulk.put_many([{"n": n} for n in range(BULK // 2)], publisher="east")
+        ids += bulk.put_many([{"n": n} for n in range(BULK // 2, BULK)], publisher="west")
+    with _served(make_app(tmp_path, {"ops": url})) as base:
+        yield Busy(base, url, job, ids)
+
+
+class Pages:
+    """The browser on the dashboard: log in, open a page, follow a link."""
+
+    def __init__(self, driver: object, base: str) -> None:
+        from selenium.webdriver.remote.webdriver import WebDriver
+
+        assert isinstance(driver, WebDriver)
+        self.b = driver
+        self.base = base
+
+    def login(self) -> None:
+        from selenium.webdriver.common.by import By
+
+        self.b.get(f"{self.base}/ui/login")
+        self.b.find_element(By.ID, "token").send_keys(ADMIN_TOKEN)
+        self.follow("login-submit")
+        assert self.b.find_element(By.ID, "who").text.startswith("ops")
+
+    def open(self, path: str) -> None:
+        self.b.get(self.base + path)
+
+    def follow(self, element_id: str) -> None:
+        """Click a link or button and wait for the next page."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.expected_conditions import staleness_of
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        old = self.b.find_element(By.TAG_NAME, "html")
+        self.b.find_element(By.ID, element_id).click()
+        WebDriverWait(self.b, 15, poll_frequency=0.05).until(staleness_of(old))
+
+    def text(self, css: str) -> str:
+        from selenium.webdriver.common.by import By
+
+        return " ".join(self.b.find_element(By.CSS_SELECTOR, css).text.split())
+
+    def listed(self) -> list[str]:
+        """The msg_ids of the search results shown, in order."""
+        ids = self.b.execute_script(
+            "return [...document.querySelectorAll('#results tr[data-msg-id]')]"
+            ".map(r => r.dataset.msgId);"
+        )
+        assert isinstance(ids, list)
+        return [str(i) for i in ids]
+
+    def shot(self, name: str) -> None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        self.b.save_screenshot(str(SHOTS / f"{name}.png"))
+
+
+#: Every leaf element of the timeline whose text is a state name, with its box.
+_LABEL_BOXES = """
+const names = new Set(arguments[0]);
+const out = [];
+for (const e of document.querySelectorAll('#timeline *')) {
+  if (e.children.length) continue;
+  const text = e.textContent.trim();
+  if (!names.has(text)) continue;
+  const r = e.getBoundingClientRect();
+  out.push([text, r.left, r.top, r.right, r.bottom]);
+}
+return out;
+"""
+
+
+def test_timeline_labels_never_overlap_for_transitions_milliseconds_apart(
+    busy: Busy, browser: object
+) -> None:
+    with iqbridge.connect(busy.url) as hub:
+        st = hub.queue("jobs").state(busy.job)
+    steps = list(st.publisher_history) + [s for v in st.subscribers.values() for s in v.history]
+    times = sorted(at for _, at in steps)
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+    assert min(g for g in gaps if g > 0) < 0.05  # the case the issue met: ms apart
+
+    page = Pages(browser, busy.base)
+    page.login()
+    page.open(f"/ui/hubs/ops/queues/jobs/messages/{busy.job}")
+    boxes = page.b.execute_script(_LABEL_BOXES, STATE_NAMES)
+    page.shot("06-timeline")
+    # One label per transition, each drawn (a label hidden or left out is no fix)...
+    assert sorted(b[0] for b in boxes) == sorted(s.value for s, _ in steps)
+    assert all(right - left > 1 and bottom - top > 1 for _, left, top, right, bottom in boxes)
+
+    # ...and no two of them overlap.
+    def overlap(a: list[Any], b: list[Any]) -> bool:
+        wide = min(a[3], b[3]) - max(a[1], b[1])
+        high = min(a[4], b[4]) - max(a[2], b[2])
+        return wide > 0.5 and high > 0.5
+
+    clashes = [(a[0], b[0]) for i, a in enumerate(boxes) for b in boxes[i + 1 :] if overlap(a, b)]
+    assert clashes == []
+
+
+def test_queue_page_counts_the_matches_and_pages_through_every_one(
+    busy: Busy, browser: object
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    page = Pages(browser, busy.base)
+    page.login()
+    page.open("/ui/hubs/ops/queues/bulk")
+    assert page.text("#page-summary") == "messages 1-100 of 2,002"
+    assert not page.b.find_elements(By.ID, "page-prev")
+    page.shot("07-queue-paged")
+    seen: list[str] = []
+    summaries = []
+    for _ in range(30):
+        summaries.append(page.text("#page-summary"))
+        seen += page.listed()
+        if not page.b.find_elements(By.ID, "page-next"):
+            break
+        page.follow("page-next")
+    assert len(summaries) == 21
+    assert summaries[1] == "messages 101-200 of 2,002"
+    assert summaries[-1] == "messages 2,001-2,002 of 2,002"
+    assert len(seen) == len(set(seen)) == BULK  # every message exactly once...
+    assert seen == busy.bulk  # ...in put order
+    page.follow("page-prev")
+    assert page.text("#page-summary") == "messages 1,901-2,000 of 2,002"
+
+    # A search counts its own matches and pages through them, filters and page size kept.
+    page.open("/ui/hubs/ops/queues/bulk")
+    page.b.find_element(By.ID, "search-publisher").send_keys("west")
+    page.b.find_element(By.ID, "search-limit").clear()
+    page.b.find_element(By.ID, "search-limit").send_keys("250")
+    page.follow("search-submit")
+    assert page.text("#page-summary") == "messages 1-250 of 1,001"
+    west: list[str] = []
+    for _ in range(5):
+        west += page.listed()
+        if not page.b.find_elements(By.ID, "page-next"):
+            break
+        page.follow("page-next")
+    assert page.text("#page-summary") == "message 1,001 of 1,001"
+    assert page.text("nav.pager .hint") == "page 5 of 5"
+    assert west == busy.bulk[BULK // 2 :]
+
+
+def test_pool_members_show_what_they_did_before_journalled(busy: Busy, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+
+    page = Pages(browser, busy.base)
+    page.login()
+    page.open(f"/ui/hubs/ops/queues/jobs/messages/{busy.job}")
+    want = {
+        "w1": "DONE",  # won the race and did the work
+        "w2": "EXPIRED",  # lost it
+        "w3": "EXPIRED",
+        "audit": "UNUSABLE",
+        "billing": "DONE",
+    }
+    for who, outcome in want.items():
+        cell = page.b.find_element(By.ID, f"state-{who}")
+        assert cell.get_attribute("data-state") == "JOURNALLED"
+        assert cell.get_attribute("data-outcome") == outcome
+        assert page.text(f"#state-{who}") == f"JOURNALLED ({outcome})"
+
+    page.open("/ui/hubs/ops/queues/jobs")
+    row = f'#results tr[data-msg-id="{busy.job}"]'
+    for who, outcome in want.items():
+        pill = page.b.find_element(By.CSS_SELECTOR, f'{row} [data-subscriber="{who}"]')
+        assert pill.get_attribute("data-outcome") == outcome
+        assert " ".join(pill.text.split()) == f"{who}: JOURNALLED ({outcome})"
+    page.shot("08-pool-outcomes")

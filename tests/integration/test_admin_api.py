@@ -167,6 +167,41 @@ def test_timeline_has_every_actor_with_states_and_times(tmp_path: Path, orders: 
     assert other_queue.status_code == 404
 
 
+def test_journalled_members_say_what_they_were_journalled_after(tmp_path: Path) -> None:
+    """A pool member that did the work, one that lost the race and a subscriber that
+    failed are all JOURNALLED: ``outcome`` (timeline) and ``outcomes`` (search) tell
+    them apart; fields added beside the old ones, which keep their shapes."""
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("jobs")
+        q.subscribe_pool("workers", ["w1", "w2"])
+        q.subscribe("audit", "late")
+        job = q.put({"job": 1})
+        got = q.get("w1")
+        assert got is not None
+        got.done()
+        got = q.get("audit")
+        assert got is not None
+        got.unusable("schema unknown")
+    with admin_client(tmp_path, {"ops": url}) as c:
+        msg = detail(c, _msg("jobs", job, hub="ops"))
+        [hit] = detail(c, f"/api/hubs/ops/queues/jobs/messages?msg_id={job}")
+    subs = {s["subscriber"]: s for s in msg["subscribers"]}
+    assert {n: (s["state"], s["outcome"]) for n, s in subs.items()} == {
+        "w1": ("JOURNALLED", "DONE"),
+        "w2": ("JOURNALLED", "EXPIRED"),
+        "audit": ("JOURNALLED", "UNUSABLE"),
+        "late": ("AVAILABLE", None),
+    }
+    assert hit["subscribers"] == {
+        "w1": "JOURNALLED",
+        "w2": "JOURNALLED",
+        "audit": "JOURNALLED",
+        "late": "AVAILABLE",
+    }
+    assert hit["outcomes"] == {"w1": "DONE", "w2": "EXPIRED", "audit": "UNUSABLE"}
+
+
 def test_lineage_across_two_hubs(tmp_path: Path) -> None:
     sales, credit = f"sqlite:///{tmp_path / 'sales.db'}", f"sqlite:///{tmp_path / 'credit.db'}"
     with iqbridge.connect(sales) as a, iqbridge.connect(credit) as b:
