@@ -63,11 +63,11 @@ def _print_plan(cfg: Settings, plan: Plan) -> None:
 
     table = Table(title="recovery plan", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("step", no_wrap=True)
+    table.add_column("move", no_wrap=True)
     table.add_column("message", min_width=36, overflow="fold")
     table.add_column("reason", min_width=12)
     for i, r in enumerate(plan.rows, 1):
-        move = Text(f"{r.step}\n") + Text(r.action, style="bold")
+        move = Text(f"step {r.step}\n") + Text(r.action, style="bold")
         message = Text(f"{r.side} {r.queue}\n", style="dim") + Text(r.msg_id)
         message.append(f"\n{r.subscriber or '(publisher)'} from {r.state}")
         table.add_row(str(i), move, message, Text(r.reason), end_section=True)
@@ -77,9 +77,16 @@ def _print_plan(cfg: Settings, plan: Plan) -> None:
     cfg.out.print(f"plan: {plan.summary()}")
 
 
-def plan_json(plan: Plan) -> dict[str, Any]:
-    """The plan as JSON-ready data (``iq recover --json``)."""
+def plan_json(plan: Plan, run: str, dry_run: bool) -> dict[str, Any]:
+    """The plan as JSON-ready data, in the admin API's shape (``POST /recovery``):
+    ``dry_run``, ``run``, ``summary``, ``rows`` (``step``, ``action``, ``side``,
+    ``queue``, ``msg_id``, ``subscriber``, ``state``: the state the move starts from,
+    ``reason``), ``unresolved`` (msg_id: reason), ``applied`` and ``already`` (0 on a dry
+    run); plus the ``source`` and ``target`` queues as ``URL:QUEUE``."""
     return {
+        "dry_run": dry_run,
+        "run": run,
+        "summary": plan.summary(),
         "source": plan.source,
         "target": plan.target,
         "rows": [
@@ -90,13 +97,14 @@ def plan_json(plan: Plan) -> dict[str, Any]:
                 "queue": r.queue,
                 "msg_id": r.msg_id,
                 "subscriber": r.subscriber,
-                "from": r.state,
+                "state": r.state,
                 "reason": r.reason,
             }
             for r in plan.rows
         ],
-        "unresolved": [{"msg_id": u.msg_id, "reason": u.reason} for u in plan.unresolved],
-        "summary": plan.summary(),
+        "unresolved": {u.msg_id: u.reason for u in plan.unresolved},
+        "applied": 0,
+        "already": 0,
     }
 
 
@@ -127,15 +135,9 @@ def run_cross_queue(
             _print_plan(cfg, plan)
         result = None if dry_run else job.apply(plan)
     if as_json:
-        data = plan_json(plan) | {"dry_run": dry_run, "result": None}
+        data = plan_json(plan, job.run, dry_run)
         if result is not None:
-            data["result"] = {
-                "run": result.run,
-                "applied": result.applied,
-                "already": result.already,
-                "started": result.started.isoformat(),
-                "finished": result.finished.isoformat(),
-            }
+            data |= {"applied": result.applied, "already": result.already}
         typer.echo(json.dumps(data, ensure_ascii=False, indent=2))
     elif result is None:
         cfg.out.print("dry run: nothing changed")
