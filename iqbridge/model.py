@@ -193,6 +193,13 @@ class Subscriptions:
             check_name("subscriber", s)
             if self.pool(s) is not None:
                 raise AudienceError(f"{s!r} already names a pool on queue {queue!r}")
+            for p in self.pools:
+                if s in p.members:
+                    raise AudienceError(
+                        f"cannot subscribe {s!r} to queue {queue!r}: it is a member of the "
+                        f"standing pool {p.name!r}, and a subscriber is in an audience once "
+                        f"(named, or in one pool); redefine the pool without it first"
+                    )
             if s not in names:
                 names.append(s)
         standing = list(self.pools)
