@@ -72,8 +72,8 @@ def unsubscribe(
         q = open_queue(hub, queue)
         standing = {p.name for p in q.subscriptions().pools}
         for p in pool or []:
-            if p not in standing:  # refused before any change
-                q.unsubscribe_pool(p)
+            if p not in standing:
+                q.unsubscribe_pool(p)  # raises AudienceError naming it: nothing removed yet
         if names:
             q.unsubscribe(*names)
         for p in pool or []:
