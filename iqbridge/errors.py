@@ -110,13 +110,20 @@ class MessageError(IQError):
 
 
 class MessageNotFound(MessageError):
-    """No message with this id in this queue (never put, or purged)."""
+    """No message with this id in this queue (never put, or purged; or, ``elsewhere``
+    names it, put to another queue of the same index)."""
 
-    def __init__(self, msg_id: str, queue: str | None = None) -> None:
+    def __init__(self, msg_id: str, queue: str | None = None, elsewhere: str | None = None) -> None:
         self.msg_id = msg_id
         self.queue = queue
+        self.elsewhere = elsewhere
         where = f" in queue {queue!r}" if queue else ""
-        super().__init__(f"message {msg_id}{where} not found (never put, or purged)")
+        if elsewhere is not None:
+            super().__init__(
+                f"message {msg_id} not found{where}: it was put to queue {elsewhere!r}"
+            )
+        else:
+            super().__init__(f"message {msg_id}{where} not found (never put, or purged)")
 
 
 class IllegalTransition(MessageError):

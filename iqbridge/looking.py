@@ -58,7 +58,7 @@ class Looking(QueueCore):
         """The publisher's and every subscriber's state and history, with timestamps."""
         rec = self._store.load(msg_id)
         if rec.queue != self.name:
-            raise MessageNotFound(msg_id, self.name)
+            raise MessageNotFound(msg_id, self.name, rec.queue)
         journal = self._store.history(msg_id)
         pub_hist = tuple(
             (PublisherState(e.dst), from_micros(e.at))
@@ -120,7 +120,7 @@ class Looking(QueueCore):
         """The stored payload and envelope of a message, without changing any state."""
         rec = self._store.load(msg_id)
         if rec.queue != self.name:
-            raise MessageNotFound(msg_id, self.name)
+            raise MessageNotFound(msg_id, self.name, rec.queue)
         env = self._envelopes([rec]).get(msg_id)
         if env is None:
             if self._adapter.capabilities.forgets:

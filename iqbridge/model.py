@@ -178,6 +178,59 @@ class Subscriptions:
         """The audience a put without ``to`` is revealed to."""
         return Audience(self.subscribers, self.pools)
 
+    def adding(
+        self, queue: str, subscribers: Iterable[str] = (), pools: Iterable[Pool] = ()
+    ) -> Subscriptions:
+        """These subscribers and pools added to the standing audience of ``queue`` (a
+        pool of a standing pool's name redefines it).
+
+        Raises :class:`~iqbridge.errors.AudienceError` naming the queue, the pool and the
+        member for a standing audience every put without ``to`` would refuse: a pool
+        without members or listing a member twice, a subscriber both named and in a pool
+        or in two pools, a name both a subscriber and a pool."""
+        names = list(self.subscribers)
+        for s in subscribers:
+            check_name("subscriber", s)
+            if self.pool(s) is not None:
+                raise AudienceError(f"{s!r} already names a pool on queue {queue!r}")
+            for p in self.pools:
+                if s in p.members:
+                    raise AudienceError(
+                        f"cannot subscribe {s!r} to queue {queue!r}: it is a member of the "
+                        f"standing pool {p.name!r}, and a subscriber is in an audience once "
+                        f"(named, or in one pool); redefine the pool without it first"
+                    )
+            if s not in names:
+                names.append(s)
+        standing = list(self.pools)
+        adhoc = list(self.adhoc_pools)
+        for new in pools:
+            if not new.members:
+                raise AudienceError(f"pool {new.name!r} on queue {queue!r} needs members")
+            standing = [p for p in standing if p.name != new.name] + [new]
+            adhoc = [p for p in adhoc if p.name != new.name]
+        owner: dict[str, str] = {}  # member -> its pool
+        for p in standing:
+            where = f"pool {p.name!r} on queue {queue!r}"
+            if p.name in names:
+                raise AudienceError(f"{p.name!r} already names a subscriber on queue {queue!r}")
+            for m in p.members:
+                if owner.get(m) == p.name:
+                    raise AudienceError(f"{where}: member {m!r} is listed twice; list it once")
+                if m in owner:
+                    raise AudienceError(
+                        f"{where}: member {m!r} is already in the standing pool "
+                        f"{owner[m]!r}; a subscriber may be in one pool of an audience"
+                    )
+                if m in names:
+                    raise AudienceError(
+                        f"{where}: member {m!r} is also a standing subscriber of the queue; "
+                        f"a subscriber is in an audience once, named or in one pool "
+                        f"(unsubscribe {m!r} first, or leave it out of the pool)"
+                    )
+                owner[m] = p.name
+        return Subscriptions(tuple(names), tuple(standing), tuple(adhoc))
+
     def pool(self, name: str) -> Pool | None:
         """A declared or remembered pool by name."""
         for p in (*self.pools, *self.adhoc_pools):

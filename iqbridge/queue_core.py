@@ -135,7 +135,7 @@ class QueueCore:
                 else:
                     rec = store.load(msg_id)
                     if rec.queue != self.name:
-                        raise MessageNotFound(msg_id, self.name)
+                        raise MessageNotFound(msg_id, self.name, rec.queue)
                     change = op(rec)
                 if change is None:
                     return None

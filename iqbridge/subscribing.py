@@ -27,37 +27,59 @@ class Subscribing(QueueCore):
         return self._subscriptions(fresh=True)
 
     def subscribe(self, *subscribers: str) -> None:
-        """Add named subscribers to the standing audience (each gets every message)."""
+        """Add named subscribers to the standing audience (each gets every message).
+
+        Raises :class:`~iqbridge.errors.AudienceError`, changing nothing, for a name that
+        is a standing pool or a member of one (see :meth:`Subscriptions.adding
+        <iqbridge.model.Subscriptions.adding>`)."""
         subs = self._subscriptions(fresh=True)
-        names = list(subs.subscribers)
-        for s in subscribers:
-            check_name("subscriber", s)
-            if subs.pool(s) is not None:
-                raise AudienceError(f"{s!r} already names a pool on queue {self.name!r}")
-            if s not in names:
-                names.append(s)
-        self._set_subscriptions(Subscriptions(tuple(names), subs.pools, subs.adhoc_pools))
+        self._set_subscriptions(subs.adding(self.name, subscribers=subscribers))
 
     def subscribe_pool(self, pool: str, members: Iterable[str]) -> None:
-        """Declare (or redefine) a pool in the standing audience: one member gets each message."""
-        new = Pool(pool, members)
-        if not new.members:
-            raise AudienceError(f"pool {pool!r} needs at least one member")
-        subs = self._subscriptions(fresh=True)
-        if pool in subs.subscribers:
-            raise AudienceError(f"{pool!r} already names a subscriber on queue {self.name!r}")
-        pools = (*(p for p in subs.pools if p.name != pool), new)
-        adhoc = tuple(p for p in subs.adhoc_pools if p.name != pool)
-        self._set_subscriptions(Subscriptions(subs.subscribers, pools, adhoc))
+        """Declare (or redefine) a pool in the standing audience: one member gets each message.
 
-    def unsubscribe(self, name: str) -> None:
-        """Remove a subscriber or pool from the standing audience (messages already put
-        keep their audience)."""
+        Raises :class:`~iqbridge.errors.AudienceError`, changing nothing, for a pool
+        without members, a member listed twice, a member that is a standing subscriber
+        or in another standing pool, or a pool name that is a standing subscriber: every
+        put without ``to`` would be refused."""
+        new = Pool(pool, members)
         subs = self._subscriptions(fresh=True)
+        self._set_subscriptions(subs.adding(self.name, pools=[new]))
+
+    def unsubscribe(self, *names: str) -> None:
+        """Remove standing subscribers or pools, by name, from the standing audience.
+
+        Only puts made afterwards are affected: a message already put keeps its audience
+        (every intended subscriber's state is tracked until it is JOURNALLED or EXPIRED).
+        This also removes a standing subscriber or pool that makes every put without
+        ``to`` fail (declared before such entries were refused). Raises
+        :class:`~iqbridge.errors.AudienceError`, changing nothing, for a name that is
+        neither."""
+        self._remove(names, ())
+
+    def unsubscribe_pool(self, pool: str) -> None:
+        """Remove a standing pool (not a subscriber of the same name); as
+        :meth:`unsubscribe`, messages already put keep their audience."""
+        self._remove((), (pool,))
+
+    def _remove(self, names: tuple[str, ...], pools: tuple[str, ...]) -> None:
+        subs = self._subscriptions(fresh=True)
+        standing = [p.name for p in subs.pools]
+        missing = [
+            ("subscriber or pool", n) for n in names if n not in (*subs.subscribers, *standing)
+        ]
+        missing += [("pool", p) for p in pools if p not in standing]
+        if missing:
+            what, name = missing[0]
+            has = ", ".join([*subs.subscribers, *(f"pool {p}" for p in standing)]) or "none"
+            raise AudienceError(
+                f"no standing {what} {name!r} on queue {self.name!r} to unsubscribe "
+                f"(standing: {has}); nothing was changed"
+            )
         self._set_subscriptions(
             Subscriptions(
-                tuple(s for s in subs.subscribers if s != name),
-                tuple(p for p in subs.pools if p.name != name),
+                tuple(s for s in subs.subscribers if s not in names),
+                tuple(p for p in subs.pools if p.name not in (*names, *pools)),
                 subs.adhoc_pools,
             )
         )
@@ -71,7 +93,16 @@ class Subscribing(QueueCore):
     def _audience(self, to: AudienceSpec | None) -> Audience:
         subs = self._subscriptions()
         if to is None:
-            return subs.audience().validate()
+            try:
+                return subs.audience().validate()
+            except AudienceError as exc:
+                if not (subs.subscribers or subs.pools):
+                    raise
+                raise AudienceError(
+                    f"the standing audience of queue {self.name!r} is inconsistent: {exc}. "
+                    f"Remove the offending subscriber or pool with queue.unsubscribe(name) "
+                    f"(iq unsubscribe {self.name} NAME), or pass to=..."
+                ) from None
         items: list[str | Pool] = [to] if isinstance(to, str | Pool) else list(to)
         names: list[str] = []
         pools: list[Pool] = []

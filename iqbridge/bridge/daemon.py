@@ -27,6 +27,7 @@ from iqbridge.bridge.config import BridgeConfig
 from iqbridge.bridge.route import RouteRunner, RouteStats
 from iqbridge.errors import IQError
 from iqbridge.hub import Hub, connect
+from iqbridge.registry import open_store
 
 __all__ = ["Bridge", "check_health"]
 
@@ -42,13 +43,17 @@ class Bridge:
         self._stop = threading.Event()
         self._started = False
         try:
-            self.state = self._hub(config.bridge.state, None)
+            self.state = self._hub(config.bridge.state, None, "field bridge.state")
             self.routes = [
                 RouteRunner(
                     r,
                     config.bridge,
-                    self._hub(r.source.url, r.source.index),
-                    self._hub(r.destination.url, r.destination.index),
+                    self._hub(r.source.url, r.source.index, f"route {r.name!r}, field source."),
+                    self._hub(
+                        r.destination.url,
+                        r.destination.index,
+                        f"route {r.name!r}, field destination.",
+                    ),
                     self.state,
                 )
                 for r in config.routes
@@ -58,13 +63,28 @@ class Bridge:
             raise
         self.health_file = Path(config.bridge.health_file) if config.bridge.health_file else None
 
-    def _hub(self, url: str, index: str | None) -> Hub:
+    def _hub(self, url: str, index: str | None, where: str) -> Hub:
+        """The hub of ``url`` and ``index`` (one per pair). An error opening it names
+        the route and field, as the configuration's own errors do: ``where`` is the field,
+        or its prefix (ending in ``.``) that ``url`` and ``index`` complete."""
         key = (url, index)
         hub = self._hubs.get(key)
-        if hub is None:
-            hub = self._hubs[key] = connect(
-                url, index, publisher=f"bridge.{self.config.bridge.name}"
-            )
+        if hub is not None:
+            return hub
+        fields = (where + "url", where + "index") if where.endswith(".") else (where, where)
+        store = None
+        if index is not None:
+            try:
+                store = open_store(index)
+            except IQError as exc:
+                raise _located(exc, fields[1]) from exc
+        try:
+            hub = connect(url, store, publisher=f"bridge.{self.config.bridge.name}")
+        except IQError as exc:
+            if store is not None:
+                store.close()
+            raise _located(exc, fields[0]) from exc
+        self._hubs[key] = hub
         return hub
 
     def start(self) -> None:
@@ -168,6 +188,19 @@ class Bridge:
         self.stop()
         self.join()
         self.close()
+
+
+def _located(exc: IQError, where: str) -> IQError:
+    """``exc`` with ``where`` before its message, as the nearest class of its own that
+    takes a message alone (UnknownSchemeError becomes a ConfigurationError)."""
+    text = f"{where}: {exc}"
+    for cls in type(exc).__mro__:
+        if issubclass(cls, IQError):
+            try:
+                return cls(text)
+            except TypeError:
+                continue
+    return IQError(text)
 
 
 def _scrub(text: str | None, secrets: list[str]) -> str | None:

@@ -1,5 +1,6 @@
-"""Queue administration: subscribe, queues, recover."""
+"""Queue administration: subscribe, unsubscribe, queues, recover."""
 
+import json
 from typing import Annotated
 
 import typer
@@ -11,7 +12,7 @@ from iqbridge.cli.context import open_hub, open_queue, settings
 from iqbridge.cli.parsing import parse_pool
 from iqbridge.model import Subscriptions
 
-__all__ = ["queues", "recover", "subscribe"]
+__all__ = ["queues", "recover", "subscribe", "unsubscribe"]
 
 
 def _audience(subs: Subscriptions) -> str:
@@ -42,10 +43,41 @@ def subscribe(
             )
     with open_hub(ctx) as hub:
         q = open_queue(hub, queue, create=True)
+        q.subscriptions().adding(queue, names or (), pools)  # refused before any change
         if names:
             q.subscribe(*names)
         for p in pools:
             q.subscribe_pool(p.name, p.members)
+        subs = q.subscriptions()
+    settings(ctx).out.print(f"{escape(queue)}: {escape(_audience(subs))}", soft_wrap=True)
+
+
+def unsubscribe(
+    ctx: typer.Context,
+    queue: Annotated[str, typer.Argument(help="Queue name.", show_default=False)],
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="NAME...", help="Standing subscribers (or pools) to remove."),
+    ] = None,
+    pool: Annotated[
+        list[str] | None,
+        typer.Option("--pool", metavar="NAME", help="A standing pool to remove; repeatable."),
+    ] = None,
+) -> None:
+    """Remove standing subscribers or pools: later puts without --to/--pool no longer go
+    to them. Messages already put keep their audience."""
+    if not names and not pool:
+        raise typer.BadParameter("name at least one subscriber or --pool NAME")
+    with open_hub(ctx, create=False) as hub:
+        q = open_queue(hub, queue)
+        standing = {p.name for p in q.subscriptions().pools}
+        for p in pool or []:
+            if p not in standing:
+                q.unsubscribe_pool(p)  # raises AudienceError naming it: nothing removed yet
+        if names:
+            q.unsubscribe(*names)
+        for p in pool or []:
+            q.unsubscribe_pool(p)
         subs = q.subscriptions()
     settings(ctx).out.print(f"{escape(queue)}: {escape(_audience(subs))}", soft_wrap=True)
 
@@ -94,6 +126,9 @@ def recover(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan and change nothing.")
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="JSON output for scripts (the plan and the result).")
+    ] = False,
 ) -> int:
     """Apply lapsed leases, time limits and locks now (in-doubt messages back to AVAILABLE).
 
@@ -113,8 +148,12 @@ def recover(
             target_index=target_index,
             via=via,
             dry_run=dry_run,
+            as_json=as_json,
         )
     with open_hub(ctx, create=False) as hub:
         count = open_queue(hub, queue).recover() if queue else hub.recover()
-    settings(ctx).out.print(f"recovered {count} message(s)")
+    if as_json:
+        typer.echo(json.dumps({"recovered": count}))
+    else:
+        settings(ctx).out.print(f"recovered {count} message(s)")
     return 0

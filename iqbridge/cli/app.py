@@ -19,6 +19,7 @@ from iqbridge.cli.admin_serve import admin_app
 from iqbridge.cli.analytics import analytics_app
 from iqbridge.cli.bridge import bridge_app, lineage
 from iqbridge.cli.context import CommandError, Settings, settings
+from iqbridge.cli.helptext import tidy_help
 from iqbridge.cli.journal import journal_app
 from iqbridge.errors import IQError
 from iqbridge.hub import DEFAULT_URL
@@ -80,6 +81,10 @@ class IQGroup(TyperGroup):
         if standalone_mode:
             sys.exit(code)
         return code
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        tidy_help(self, ctx)  # before --help can print anything
+        return super().parse_args(ctx, args)
 
 
 def _scrub(cfg: Settings, text: str) -> str:
@@ -156,6 +161,7 @@ app.command("browse", rich_help_panel=_LOOKING)(looking.browse)
 app.command("unlock", rich_help_panel=_LOOKING)(looking.unlock)
 app.command("purge", rich_help_panel=_ADMIN)(looking.purge)
 app.command("subscribe", rich_help_panel=_ADMIN)(admin.subscribe)
+app.command("unsubscribe", rich_help_panel=_ADMIN)(admin.unsubscribe)
 app.command("queues", rich_help_panel=_ADMIN)(admin.queues)
 app.command("recover", rich_help_panel=_ADMIN)(admin.recover)
 app.command("worker", rich_help_panel=_ADMIN)(run_worker.worker)

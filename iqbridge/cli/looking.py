@@ -14,14 +14,15 @@ from iqbridge.analytics.schema import unescape_partition
 from iqbridge.cli.context import CommandError, open_hub, open_queue, settings
 from iqbridge.cli.parsing import parse_duration, parse_priority, parse_state, parse_time
 from iqbridge.cli.render import (
-    payload_text,
+    body_text,
+    payload_json,
     state_json,
     summaries_table,
     summary_json,
     timeline_table,
 )
 from iqbridge.errors import IQError
-from iqbridge.model import Filter
+from iqbridge.model import Envelope, Filter
 
 __all__ = [
     "PLAN_COLUMNS",
@@ -175,25 +176,28 @@ def browse(
         limit=limit,
     )
     lock_s = parse_duration(lock_for, "--lock-for")
-    values: dict[str, Any] = {}
+    peeked: dict[str, Envelope | IQError] = {}
     with open_hub(ctx, create=False) as hub:
         q = open_queue(hub, queue)
         found = q.browse(flt, lock=lock, lock_for=lock_s)
         if payloads:
             for item in found.messages:
                 try:
-                    values[item.msg_id] = q.peek(item.msg_id).payload()
+                    peeked[item.msg_id] = q.peek(item.msg_id)
                 except IQError as exc:
-                    values[item.msg_id] = f"<{type(exc).__name__}: {exc}>"
+                    peeked[item.msg_id] = exc
     if as_json:
         data: dict[str, Any] = {
             "lock_id": found.lock_id,
-            "messages": [summary_json(m, values.get(m.msg_id)) for m in found.messages],
+            "messages": [
+                summary_json(m) | (_payload_fields(peeked[m.msg_id]) if payloads else {})
+                for m in found.messages
+            ],
         }
         _print_json(data)
         return
     cfg = settings(ctx)
-    shown = {k: payload_text(v) for k, v in values.items()} if payloads else None
+    shown = {k: _payload_shown(v) for k, v in peeked.items()} if payloads else None
     title = f"{escape(queue)}: {len(found.messages)} message(s)"
     cfg.out.print(summaries_table(found.messages, payloads=shown, title=title))
     if found.lock_id:
@@ -202,6 +206,23 @@ def browse(
             f"{escape(queue)} {found.lock_id})",
             soft_wrap=True,
         )
+
+
+def _payload_fields(got: Envelope | IQError) -> dict[str, Any]:
+    """The payload keys of a browsed message's JSON (see render.payload_json)."""
+    if isinstance(got, IQError):
+        return {"content_type": None, "payload": None, "payload_error": _why(got)}
+    return {"content_type": got.content_type, "payload": payload_json(got.body, got.content_type)}
+
+
+def _payload_shown(got: Envelope | IQError) -> str:
+    if isinstance(got, IQError):
+        return f"<{_why(got)}>"
+    return body_text(got.body, got.content_type, 120)
+
+
+def _why(exc: IQError) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def unlock(

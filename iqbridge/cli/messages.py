@@ -12,8 +12,10 @@ from iqbridge.cli.parsing import (
     parse_pool,
     read_payload,
 )
-from iqbridge.cli.render import payload_text
+from iqbridge.cli.render import body_text, payload_text
+from iqbridge.errors import PayloadError
 from iqbridge.model import Pool
+from iqbridge.states import SubscriberState
 
 __all__ = ["confirm", "get", "put", "reveal", "undo", "withdraw"]
 
@@ -106,7 +108,11 @@ def get(
         str | None, typer.Option("--lock-id", help="Get a message `iq browse --lock` locked.")
     ] = None,
 ) -> None:
-    """Get messages for SUBSCRIBER and mark them DONE (or hold them with --confirm)."""
+    """Get messages for SUBSCRIBER and mark them DONE (or hold them with --confirm).
+
+    A payload that does not decode as its content type says (text that is not valid
+    UTF-8, malformed JSON) is shown as its bytes and marked UNUSABLE, as a Worker would;
+    the next messages are got all the same."""
     cfg = settings(ctx)
     got = 0
     with open_hub(ctx, create=False) as hub:
@@ -117,17 +123,34 @@ def get(
                 break
             got += 1
             line = f"[bold]{d.msg_id}[/] attempt {d.attempt} [dim]{escape(d.content_type)}[/]"
+            cfg.out.print(line, soft_wrap=True)
             if confirm:
-                cfg.out.print(line, soft_wrap=True)
-                cfg.out.print(escape(payload_text(d.payload, 10_000)), soft_wrap=True)
+                cfg.out.print(escape(body_text(d.body, d.content_type, 10_000)), soft_wrap=True)
                 cfg.out.print(f"confirm id: {d.confirm_id}", soft_wrap=True)
                 continue
-            with d:  # IN_PROCESS, then DONE; a payload that cannot be decoded goes UNUSABLE
-                text = payload_text(d.payload, 10_000)
-                cfg.out.print(line, soft_wrap=True)
-                cfg.out.print(escape(text), soft_wrap=True)
+            try:
+                with d:  # IN_PROCESS, then DONE; a payload that cannot be decoded goes UNUSABLE
+                    text = payload_text(d.payload, 10_000)
+            except PayloadError as exc:
+                shown = body_text(d.body, d.content_type, 10_000)
+                cfg.out.print(escape(shown), soft_wrap=True)
+                cfg.err.print(
+                    f"message {d.msg_id}: {escape(str(exc))}; {escape(subscriber)} marked it "
+                    f"{_after(d.state)} (to deliver it again: iq reveal {escape(queue)} {d.msg_id} "
+                    f"--to {escape(subscriber)})",
+                    soft_wrap=True,
+                )
+                continue
+            cfg.out.print(escape(text), soft_wrap=True)
     if got == 0:
         cfg.err.print(f"no message for {escape(subscriber)} on {escape(queue)}")
+
+
+def _after(state: SubscriberState) -> str:
+    """The state a failed delivery was left in, as the retry policy chose."""
+    if state is SubscriberState.JOURNALLED:
+        return "UNUSABLE (and JOURNALLED)"
+    return state.value
 
 
 def confirm(

@@ -3,6 +3,7 @@ and their JSON forms for scripting."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,14 +16,18 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from iqbridge.errors import PayloadError
 from iqbridge.model import JournalEntry, MessageState, MessageSummary
+from iqbridge.payload import decode
 from iqbridge.states import IN_DOUBT, ActorKind, SubscriberState
 
 __all__ = [
     "STATE_STYLES",
     "Flow",
     "audience_text",
+    "body_text",
     "fmt_time",
+    "payload_json",
     "payload_text",
     "state_json",
     "summaries_table",
@@ -236,6 +241,8 @@ def payload_text(value: object, limit: int = 60) -> str:
         try:
             text = value.decode("utf-8")
         except UnicodeDecodeError:
+            text = ""
+        if not text or not "".join(text.split()).isprintable():  # control bytes: hex
             text = f"<{len(value)} bytes> " + value[:16].hex()
     elif isinstance(value, str):
         text = value
@@ -243,6 +250,31 @@ def payload_text(value: object, limit: int = 60) -> str:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def payload_json(body: bytes, content_type: str) -> Any:
+    """A stored payload as JSON-ready data, the one form every ``--json`` output uses: a
+    text payload as a string, a JSON payload as its value, and any other (binary, or text
+    or JSON that does not decode) as ``{"encoding": "base64", "data": "..."}``. The
+    message's ``content_type``, printed beside it, tells the three apart."""
+    try:
+        value = decode(body, content_type)
+    except PayloadError:
+        value = body
+    if isinstance(value, bytes):
+        return {"encoding": "base64", "data": base64.b64encode(value).decode("ascii")}
+    return value
+
+
+def body_text(body: bytes, content_type: str, limit: int = 60) -> str:
+    """A stored payload shortened for display: :func:`payload_text` of its value, or of
+    its bytes (hex, as a binary payload) when it does not decode as its content type
+    says, with why."""
+    try:
+        return payload_text(decode(body, content_type), limit)
+    except PayloadError:
+        pass
+    return payload_text(body, limit) + f" (not valid {content_type})"
 
 
 def _members_text(members: Mapping[str, SubscriberState | None]) -> Text:
@@ -261,24 +293,25 @@ def summaries_table(
     payloads: Mapping[str, str] | None = None,
     title: str | None = None,
 ) -> Table:
-    """Search or browse hits: index fields and current states (payloads if given)."""
+    """Search or browse hits: index fields and current states. A payload given is shown
+    under its message's id and facts, folded over as many lines as it takes (a column
+    of its own would be a few characters wide in 80 columns)."""
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("message", min_width=36)
+    table.add_column(
+        "message" if payloads is None else "message, payload", min_width=36, overflow="fold"
+    )
     table.add_column("publisher", overflow="fold")
     table.add_column("subscribers", overflow="fold")
-    if payloads is not None:
-        table.add_column("payload", overflow="fold")
     for item in items:
         facts = [item.mode.value, f"pri {item.priority}", _fmt_when(item.created_at)]
         if item.correlation_id:
             facts.append(f"corr {item.correlation_id}")
         ident = Text(item.msg_id, style="bold") + Text("\n" + " · ".join(facts), style="dim")
+        if payloads is not None:
+            ident.append("\n" + payloads.get(item.msg_id, ""), style="green")
         pub = Text(item.publisher + "\n")
         pub.append_text(_state(item.publisher_state.value if item.publisher_state else None))
-        row: list[Text | str] = [ident, pub, _members_text(item.subscribers)]
-        if payloads is not None:
-            row.append(payloads.get(item.msg_id, ""))
-        table.add_row(*row)
+        table.add_row(ident, pub, _members_text(item.subscribers))
     return table
 
 
@@ -286,9 +319,9 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def summary_json(item: MessageSummary, payload: object = None) -> dict[str, Any]:
+def summary_json(item: MessageSummary) -> dict[str, Any]:
     """A search hit as JSON-ready data."""
-    out: dict[str, Any] = {
+    return {
         "msg_id": item.msg_id,
         "queue": item.queue,
         "publisher": item.publisher,
@@ -300,9 +333,6 @@ def summary_json(item: MessageSummary, payload: object = None) -> dict[str, Any]
         "subscribers": {k: (v.value if v else None) for k, v in item.subscribers.items()},
         "parents": list(item.parents),
     }
-    if payload is not None:
-        out["payload"] = payload
-    return out
 
 
 def state_json(state: MessageState) -> dict[str, Any]:

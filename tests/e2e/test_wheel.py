@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -75,7 +76,10 @@ print(json.dumps({
 """
 
 
-def _run(cmd: list[str | Path], *, cwd: Path, env: dict[str, str], timeout: float) -> str:
+def _run(
+    cmd: list[str | Path], *, cwd: Path, env: dict[str, str], timeout: float, both: bool = False
+) -> str:
+    """The command's stdout (and stderr after it with ``both``); AssertionError if it fails."""
     proc = subprocess.run(
         [str(c) for c in cmd],
         cwd=cwd,
@@ -90,24 +94,40 @@ def _run(cmd: list[str | Path], *, cwd: Path, env: dict[str, str], timeout: floa
             f"{' '.join(map(str, cmd))} exited with {proc.returncode}:\n"
             f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
         )
-    return proc.stdout
+    return proc.stdout + proc.stderr if both else proc.stdout
 
 
-def _build_wheel(src: Path, outdir: Path, env: dict[str, str]) -> tuple[Path, str]:
+def _build_wheel(src: Path, outdir: Path, env: dict[str, str]) -> tuple[Path, str, str]:
     """Build with build isolation; without it only if the isolated build cannot reach
-    the package index for the build requirements."""
+    the package index for the build requirements. The wheel, the mode and the output."""
     cmd: list[str | Path] = [sys.executable, "-m", "build", "--wheel", "--outdir", outdir, src]
     try:
-        _run(cmd, cwd=src, env=env, timeout=240)
+        out = _run(cmd, cwd=src, env=env, timeout=240, both=True)
         mode = "isolated"
     except AssertionError as exc:
         if not any(marker in str(exc) for marker in _NO_INDEX):
             raise
-        _run([*cmd, "--no-isolation", "--skip-dependency-check"], cwd=src, env=env, timeout=240)
+        out = _run(
+            [*cmd, "--no-isolation", "--skip-dependency-check"],
+            cwd=src,
+            env=env,
+            timeout=240,
+            both=True,
+        )
         mode = "no-isolation (package index unreachable)"
     wheels = list(outdir.glob("iqbridge-*.whl"))
     assert len(wheels) == 1, wheels
-    return wheels[0], mode
+    return wheels[0], mode, out
+
+
+def _setuptools_warnings(output: str) -> list[str]:
+    """The lines of a build's output where setuptools warns about the project's
+    configuration (a deprecated field, a folder it would not ship, ...)."""
+    return [
+        line.strip()
+        for line in output.splitlines()
+        if re.search(r"warning|deprecat|would be ignored", line, re.IGNORECASE)
+    ]
 
 
 @pytest.mark.slow
@@ -119,8 +139,10 @@ def test_wheel_installs_cleanly_and_works(tmp_path: Path) -> None:
     env["PIP_CACHE_DIR"] = str(tmp_path / "pip-cache")
 
     t0 = time.monotonic()
-    wheel, mode = _build_wheel(src, tmp_path / "dist", env)
+    wheel, mode, output = _build_wheel(src, tmp_path / "dist", env)
     built = time.monotonic() - t0
+    # pip install -e . printed ~100 lines of these (issue 27): the configuration is clean.
+    assert _setuptools_warnings(output) == [], output[-6000:]
 
     # The file list: everything under the one import root, plus the metadata.
     with zipfile.ZipFile(wheel) as zf:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import iqbridge
 from iqbridge import ConfigurationError, Outgoing, PayloadError
-from iqbridge.bridge import BridgeMessage, child_id, load_config, parse_config
+from iqbridge.bridge import Bridge, BridgeMessage, child_id, load_config, parse_config
 from iqbridge.bridge.translate import Translator
 
 
@@ -214,3 +216,57 @@ def test_child_ids_are_deterministic_and_distinct() -> None:
         == 4
     )
     assert child_id("r", ("a", "b")) != child_id("r", ("ab",))
+
+
+@pytest.mark.parametrize(
+    ("end", "key", "url", "error", "says"),
+    [
+        (
+            "source",
+            "url",
+            "sqlit:///in.db",
+            ConfigurationError,
+            "route 'orders', field source.url: unknown URL scheme 'sqlit'; did you mean 'sqlite'?",
+        ),
+        (
+            "destination",
+            "index",
+            "foo://",
+            ConfigurationError,
+            "route 'orders', field destination.index: unknown URL scheme 'foo'",
+        ),
+        (
+            "destination",
+            "url",
+            "redis://:pw-s3cret@127.0.0.1:1/0",
+            iqbridge.ConnectionError,
+            "route 'orders', field destination.url: cannot reach Redis at redis://:***@",
+        ),
+        (
+            "bridge",
+            "state",
+            "nope",
+            ConfigurationError,
+            "field bridge.state: broker URL 'nope' has no scheme",
+        ),
+    ],
+)
+def test_a_url_the_bridge_cannot_open_names_the_route_and_the_field(
+    tmp_path: Path, end: str, key: str, url: str, error: type[Exception], says: str
+) -> None:
+    """Issue 27, point 14: docs/bridge.md says every error names the route and the field."""
+    raw: dict[str, Any] = {
+        "bridge": {"state": f"sqlite:///{tmp_path}/state.db"},
+        "routes": [
+            {
+                "name": "orders",
+                "source": {"url": f"sqlite:///{tmp_path}/in.db", "queue": "orders"},
+                "destination": {"url": f"sqlite:///{tmp_path}/out.db", "queue": "orders"},
+            }
+        ],
+    }
+    (raw["bridge"] if end == "bridge" else raw["routes"][0][end])[key] = url
+    with pytest.raises(error) as err:
+        Bridge(parse_config(raw))
+    assert str(err.value).startswith(says), str(err.value)
+    assert "s3cret" not in str(err.value)

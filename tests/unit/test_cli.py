@@ -374,6 +374,19 @@ def test_unknown_queue_is_not_created(iq: Run, sqlite_url: str, args: tuple[str,
         assert hub.queues() == ["orders"]
 
 
+def test_a_message_asked_of_another_queue_is_named_where_it_is(iq: Run) -> None:
+    """Issue 27, point 14: `iq reveal other ID --to nobody` said "never put, or purged"."""
+    msg_id = put(iq, "orders", "x", "--to", "s")
+    put(iq, "other", "y", "--to", "t")
+    for args in (
+        ("reveal", "other", msg_id, "--to", "nobody"),
+        ("state", "other", msg_id),
+        ("withdraw", "other", msg_id),
+    ):
+        line = one_error_line(iq(*args), 1)
+        assert f"message {msg_id} not found in queue 'other': it was put to queue 'orders'" in line
+
+
 def test_reading_a_database_that_does_not_exist_does_not_create_it(
     tmp_path: Path,
 ) -> None:

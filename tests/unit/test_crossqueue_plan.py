@@ -4,6 +4,7 @@ in GET, and ``iq recover --from/--to`` with its dry run and its error paths."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -186,3 +187,78 @@ def test_iq_recover_bad_input(tmp_path: Path, args: list[str], code: int, says: 
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     line = one_error_line(CliRunner().invoke(app, ["recover", *args]), code)
     assert says in line and "s3cret" not in line
+
+
+def test_iq_recover_plan_reads_in_80_columns_and_as_json(tmp_path: Path) -> None:
+    """Issue 27, point 11: every column was cut to one letter at 80 columns."""
+    a, b = f"sqlite:///{tmp_path}/a.db", f"sqlite:///{tmp_path}/b.db"
+    with iqbridge.connect(a) as ha, iqbridge.connect(b, publisher="customer-db") as hb:
+        qa, qb = ha.queue("sales"), hb.queue("approvals")
+        qa.subscribe("customer-db")
+        qb.subscribe("credit-approval")
+        qa.put({"tx": 1})
+        parent = _got(qa, "customer-db")
+        child = qb.put({"tx": 1}, parents=[parent], confirm=True)
+        qa.put({"tx": 2})
+        in_doubt = _got(qa, "customer-db")
+        orphan = qb.put({"tx": 3}, parents=["gone"], confirm=True)
+    runner = CliRunner(env={"COLUMNS": "80"})
+    args = ["recover", "--from", f"{a}:sales", "--to", f"{b}:approvals", "--dry-run"]
+    out = runner.invoke(app, args)
+    assert out.exit_code == 3, out.output
+    lines = out.stdout.splitlines()
+    table = lines[: next(i for i, ln in enumerate(lines) if ln.startswith("left as it is"))]
+    assert max(len(ln) for ln in table) <= 80
+    text = " ".join(" ".join(table).split())
+    # Every move whole: its step and action, its queue, msg_id, member and state, reason.
+    for step, action, where, msg_id, member, reason in (
+        (
+            3,
+            "release",
+            "source sales",
+            parent,
+            "customer-db from FETCHED",
+            "its child is withdrawn",
+        ),
+        (
+            3,
+            "withdraw",
+            "target approvals",
+            child,
+            "(publisher) from PUT",
+            "no parent reached DONE",
+        ),
+        (5, "release", "source sales", in_doubt, "customer-db from FETCHED", "fetched, not DONE"),
+    ):
+        for part in (f"step {step}", action, where, msg_id, member, reason):
+            assert part in text, part
+    assert all(any(m in ln for ln in table) for m in (parent, child, in_doubt))  # unfolded
+    assert f"left as it is: {orphan}" in out.stdout
+
+    dry = runner.invoke(app, [*args, "--json"])
+    assert dry.exit_code == 3, dry.output
+    data = json.loads(dry.stdout)
+    assert (data["dry_run"], data["applied"], data["already"]) == (True, 0, 0)
+    assert data["summary"] == "0 reveal, 1 withdraw, 0 done, 2 release; 1 child(ren) left undecided"
+    assert data["source"].endswith("a.db:sales") and data["target"].endswith("b.db:approvals")
+    assert data["rows"][1] == {
+        "step": 3,
+        "action": "withdraw",
+        "side": "target",
+        "queue": "approvals",
+        "msg_id": child,
+        "subscriber": None,
+        "state": "PUT",
+        "reason": "no parent reached DONE",
+    }
+    assert [r["msg_id"] for r in data["rows"]] == [parent, child, in_doubt]
+    assert list(data["unresolved"]) == [orphan]
+    applied = runner.invoke(app, [*args[:-1], "--json"])
+    assert applied.exit_code == 3, applied.output
+    done = json.loads(applied.stdout)
+    assert (done["dry_run"], done["applied"], done["already"]) == (False, 3, 0)
+    assert done["run"].startswith("run-")
+    with iqbridge.connect(b) as hb:
+        assert hb.queue("approvals").state(child).publisher_state is P.JOURNALLED
+    recovered = runner.invoke(app, ["--url", a, "recover", "--json"])
+    assert json.loads(ok(recovered)) == {"recovered": 0}
