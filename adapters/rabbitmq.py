@@ -73,6 +73,7 @@ from tenacity import (
 from iqbridge.adapter import Capabilities
 from iqbridge.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 from iqbridge.model import Envelope, Received
+from iqbridge.redaction import get_logger
 from iqbridge.stores.sqlite import SqliteStore
 
 # Relative: the adapters directory imports as iqbridge.adapters (see pyproject), and
@@ -83,7 +84,7 @@ from .rabbitmq_wire import _PRIORITIES, Msg, Slot, as_int, decode, encode  # noq
 
 __all__ = ["RabbitMQAdapter", "decode", "encode"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

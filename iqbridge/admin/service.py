@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import logging
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from iqbridge.errors import InvalidArgument, IQError
 from iqbridge.hub import Hub
 from iqbridge.model import Filter, MessageRecord, MessageState, MessageSummary, from_micros
 from iqbridge.queue import Queue
+from iqbridge.redaction import get_logger
 from iqbridge.states import PublisherState, SubscriberState
 
 if TYPE_CHECKING:  # recovery/ is installed as iqbridge.recovery; mypy reads it as its own root
@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # recovery/ is installed as iqbridge.recovery; mypy reads it 
 
 __all__ = ["AdminService", "SearchParams", "parse_state"]
 
-log = logging.getLogger("iqbridge.admin")
+log = get_logger("iqbridge.admin")
 
 #: Payload bytes shown in a timeline.
 PAYLOAD_PREVIEW = 4096

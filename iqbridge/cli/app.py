@@ -22,6 +22,7 @@ from iqbridge.cli.context import CommandError, Settings, settings
 from iqbridge.cli.journal import journal_app
 from iqbridge.errors import IQError
 from iqbridge.hub import DEFAULT_URL
+from iqbridge.redaction import scrub
 
 __all__ = ["app", "main"]
 
@@ -83,9 +84,7 @@ class IQGroup(TyperGroup):
 
 
 def _scrub(cfg: Settings, text: str) -> str:
-    for secret in cfg.secrets():
-        text = text.replace(secret, "***")
-    return " ".join(text.split())
+    return " ".join(scrub(text, cfg.secrets()).split())
 
 
 def _say(cfg: Settings, text: str) -> None:

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
@@ -66,6 +65,7 @@ from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from iqbridge.errors import ConfigurationError
+from iqbridge.redaction import get_logger
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -90,7 +90,7 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: The tracer when tracing is on; the hooks test this one name.
-log = logging.getLogger("iqbridge.tracing")
+log = get_logger("iqbridge.tracing")
 _tracer: Tracer | None = None
 _trace: ModuleType | None = None  # opentelemetry.trace, once configured
 _context: ModuleType | None = None  # opentelemetry.context
