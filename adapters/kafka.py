@@ -318,8 +318,8 @@ class KafkaAdapter:
 
     def _unavailable(self, what: str) -> BrokerUnavailable:
         return BrokerUnavailable(
-            f"cannot reach Kafka at {self.url} ({scrub(what, self._secrets)}); check that the broker runs there "
-            f"and that the URL's hosts, ports and security options are right"
+            f"cannot reach Kafka at {self.url} ({scrub(what, self._secrets)}); check that the "
+            f"broker runs there and that the URL's hosts, ports and security options are right"
         )
 
     def _wrap(self, exc: KafkaException, doing: str) -> Exception:

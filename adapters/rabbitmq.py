@@ -73,7 +73,7 @@ from tenacity import (
 from iqbridge.adapter import Capabilities
 from iqbridge.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 from iqbridge.model import Envelope, Received
-from iqbridge.redaction import get_logger
+from iqbridge.redaction import get_logger, scrub, url_secrets
 from iqbridge.stores.sqlite import SqliteStore
 
 # Relative: the adapters directory imports as iqbridge.adapters (see pyproject), and
@@ -214,8 +214,11 @@ class RabbitMQAdapter:
         pika_query = urlencode({k: v for k, v in opts.items() if k in _PIKA_OPTIONS})
         try:
             params = pika.URLParameters(urlunsplit(parts._replace(query=pika_query, fragment="")))
-        except (ValueError, TypeError) as exc:
-            raise ConfigurationError(f"RabbitMQ URL {safe}: {exc}") from exc
+        except (ValueError, TypeError, SyntaxError) as exc:
+            # pika reads ssl_options and tcp_options with ast.literal_eval: its error (and
+            # a SyntaxError's source line, in a traceback) may quote the key's password.
+            why = scrub(f"{type(exc).__name__}: {exc}", url_secrets(url))
+            raise ConfigurationError(f"RabbitMQ URL {safe}: {why}") from None
         params.connection_attempts = 1  # retries are ours (tenacity), with backoff
         adapter = cls(
             params,

@@ -28,6 +28,7 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
 
 __all__ = [
     "MASK",
+    "MIN_SCRUBBED",
     "SecretFilter",
     "get_logger",
     "is_secret_option",
@@ -41,6 +42,9 @@ __all__ = [
 
 #: What a secret is replaced by.
 MASK = "***"
+#: Secrets shorter than this are masked where a URL shows them but not looked for in
+#: free text: replacing every "pw" or "iq" in a line would garble it.
+MIN_SCRUBBED = 4
 
 #: Words that make an option secret wherever they appear in its name (compared in lower
 #: case, with ``.``, ``-`` and spaces read as ``_``).
@@ -66,15 +70,18 @@ _SECRET_WORDS = (
 _SECRET_NAMES = frozenset(
     {"ssl_key_location", "sasl_oauthbearer_config", "ssl_options", "key", "sig"}
 )
-#: Endings of names that say where a secret is kept, not the secret: shown as written
-#: (password_env=IQBRIDGE_ORACLE_PASSWORD names a variable; ..._file a path).
-_WHERE = ("_env", "_file", "_location", "_path", "_url", "_endpoint")
+#: Endings of names that say where a secret is kept or which one it is, not the secret:
+#: shown as written (password_env=IQBRIDGE_ORACLE_PASSWORD names a variable, ..._file a
+#: path, sasl.oauthbearer.client.credentials.client.id an identity).
+_WHERE = ("_env", "_file", "_location", "_path", "_url", "_endpoint", "_id")
 _SEPARATORS = re.compile(r"[.\-\s]+")
 #: name=value, name: value, 'name': 'value', name="value" inside an option's value.
 _EMBEDDED = re.compile(
     r"""(?P<name>[A-Za-z_][\w.\-]*)(?P<q1>['"]?)(?P<sep>\s*[=:]\s*)(?P<q2>['"]?)"""
     r"""(?P<value>[^'"\s,;&}]*)"""
 )
+#: What may follow a URL quoted in a line of text.
+_CLOSERS = ").,;:]}>"
 #: A URL quoted in a line of text (up to the next blank or quote).
 _URL_IN_TEXT = re.compile(r"""[A-Za-z][A-Za-z0-9+.\-]*://[^\s'"<>`]+""")
 
@@ -83,8 +90,8 @@ def is_secret_option(name: str) -> bool:
     """Whether a URL option (a query parameter) carries a secret, by its name (any case;
     ``.``, ``-`` and ``_`` alike)."""
     norm = _SEPARATORS.sub("_", name.strip().lower())
-    if norm in _SECRET_NAMES or norm.endswith("_pem") or norm == "pem":
-        return True  # inline PEM material (ssl.key.pem, ...) is never shown
+    if norm in _SECRET_NAMES or norm.endswith(("_pem", "_key")) or norm == "pem":
+        return True  # inline key material (ssl.key.pem, ssl.keystore.key) is never shown
     if norm.endswith(_WHERE):
         return False
     return any(word in norm for word in _SECRET_WORDS)
@@ -132,7 +139,10 @@ def _mask_query(query: str) -> str:
         shown = value
         if eq and value:
             if is_secret_option(unquote_plus(name)):
-                shown = MASK
+                # Masked already (a redacted URL quoted in a line, then a bracket or a
+                # stop): kept as it is, so redacting twice changes nothing.
+                done = value.startswith(MASK) and not value[len(MASK) :].strip(_CLOSERS)
+                shown = value if done else MASK
             elif _mask_embedded(unquote_plus(value)) != unquote_plus(value):
                 shown = _mask_embedded(unquote_plus(value))
         pieces.append(f"{name}{eq}{shown}")
@@ -193,9 +203,9 @@ def url_secrets(url: str | None) -> list[str]:
 
 
 def scrub(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with each of ``secrets``, and the secrets of every URL it quotes,
-    replaced by ``***``."""
-    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+    """``text`` with each of ``secrets`` (of at least :data:`MIN_SCRUBBED` characters),
+    and the secrets of every URL it quotes, replaced by ``***``."""
+    for secret in sorted({s for s in secrets if len(s) >= MIN_SCRUBBED}, key=len, reverse=True):
         text = text.replace(secret, MASK)
     return _URL_IN_TEXT.sub(lambda m: redact(m.group(0)), text)
 
@@ -223,6 +233,7 @@ def remember_secret(value: str | None) -> None:
 
 
 def _add(found: set[str]) -> None:
+    found = {s for s in found if len(s) >= MIN_SCRUBBED}
     with _Known.lock:
         if found.issubset(_Known.secrets):
             return

@@ -93,7 +93,8 @@ def _say(cfg: Settings, text: str) -> None:
 
 def _report(cfg: Settings, exc: BaseException, text: str) -> int:
     if cfg.debug:
-        traceback.print_exception(exc, file=sys.stderr)
+        trace = "".join(traceback.format_exception(exc))
+        print(scrub(trace, cfg.secrets()), file=sys.stderr, end="", flush=True)
     _say(cfg, text)
     return 1
 

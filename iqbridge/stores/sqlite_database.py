@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 from iqbridge.errors import ConfigurationError, IndexUnavailable
 from iqbridge.redaction import redact
 
-__all__ = ["SCHEMA_VERSION", "SqliteDatabase", "parse_sqlite_url"]
+__all__ = ["OPTIONS", "SCHEMA_VERSION", "SqliteDatabase", "parse_sqlite_url"]
 
 SCHEMA_VERSION = 2
 
@@ -91,6 +91,10 @@ CREATE TABLE IF NOT EXISTS iq_payloads (
 """
 
 
+#: The options of a ``sqlite:///`` URL.
+OPTIONS = frozenset({"synchronous", "busy_timeout"})
+
+
 def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
     """The database path and options of a ``sqlite:///`` URL."""
     parts = urlsplit(url)
@@ -109,7 +113,7 @@ def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
             f"memory:// for an in-process queue"
         )
     opts = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    unknown = set(opts) - {"synchronous", "busy_timeout"}
+    unknown = set(opts) - OPTIONS
     if unknown:
         raise ConfigurationError(
             f"unknown sqlite option(s) {sorted(unknown)} in {safe!r}; known: synchronous, "
