@@ -214,11 +214,9 @@ class RabbitMQAdapter:
         pika_query = urlencode({k: v for k, v in opts.items() if k in _PIKA_OPTIONS})
         try:
             params = pika.URLParameters(urlunsplit(parts._replace(query=pika_query, fragment="")))
-        except (ValueError, TypeError, SyntaxError) as exc:
-            # pika reads ssl_options and tcp_options with ast.literal_eval: its error (and
-            # a SyntaxError's source line, in a traceback) may quote the key's password.
+        except (ValueError, TypeError, SyntaxError) as exc:  # pika literal_evals ssl_options
             why = scrub(f"{type(exc).__name__}: {exc}", url_secrets(url))
-            raise ConfigurationError(f"RabbitMQ URL {safe}: {why}") from None
+            raise ConfigurationError(f"RabbitMQ URL {safe}: {why}") from None  # cause quotes it
         params.connection_attempts = 1  # retries are ours (tenacity), with backoff
         adapter = cls(
             params,
