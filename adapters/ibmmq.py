@@ -46,7 +46,6 @@ working directory; pass ``index=`` for processes on several hosts.
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -55,6 +54,7 @@ from typing import Any, TypeVar
 from iqbridge.adapter import Capabilities
 from iqbridge.errors import BrokerUnavailable, IQError
 from iqbridge.model import Envelope, Received
+from iqbridge.redaction import get_logger
 from iqbridge.stores.sqlite import SqliteStore
 
 from .ibmmq_inventory import IbmMqInventory  # noqa: TID251
@@ -76,7 +76,7 @@ from .ibmmq_wire import (  # noqa: TID251
 
 __all__ = ["IbmMqAdapter", "client_module"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

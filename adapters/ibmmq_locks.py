@@ -23,12 +23,13 @@ lock still hides it from iqbridge's gets once it comes back).
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
+
+from iqbridge.redaction import get_logger
 
 from .ibmmq_wire import msg_id_bytes  # noqa: TID251
 
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["IbmMqLocks", "mq_msg_id"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Native locks one browse takes at most: each is an open handle on the lock's
 #: connection, and a queue manager allows 256 per connection by default (MAXHANDS).

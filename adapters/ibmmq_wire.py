@@ -11,7 +11,6 @@ from __future__ import annotations
 import calendar
 import hashlib
 import json
-import logging
 import math
 import os
 import uuid
@@ -28,8 +27,9 @@ from iqbridge.errors import (
 )
 from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope
+from iqbridge.redaction import get_logger, remember_secret
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = [
     "ENV_PROPERTY",
@@ -168,6 +168,7 @@ def parse_url(url: str, safe: str) -> Settings:
     password = unquote(parts.password) if parts.password is not None else None
     if password is None and user:
         password = os.environ.get(opts.get("password_env", PASSWORD_ENV))
+    remember_secret(password)  # one from the environment too: kept out of every log line
     return Settings(
         host=parts.hostname,
         port=port,

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import re
 import threading
 import time
@@ -75,6 +74,7 @@ from iqbridge.adapter import Capabilities
 from iqbridge.errors import BrokerRefused, BrokerUnavailable, ConfigurationError, InvalidArgument
 from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope, Received
+from iqbridge.redaction import get_logger, redact, scrub, url_secrets
 from iqbridge.stores.sqlite import SqliteStore
 
 from .kafka_feed import Feed, FeedFailed  # noqa: TID251
@@ -84,9 +84,9 @@ from .probes import kafka_find_sent  # noqa: TID251
 
 __all__ = ["KafkaAdapter"]
 
-log = logging.getLogger("iqbridge.adapters.kafka")
+log = get_logger("iqbridge.adapters.kafka")
 #: librdkafka's own log lines.
-rdlog = logging.getLogger("iqbridge.librdkafka")
+rdlog = get_logger("iqbridge.librdkafka")
 
 _OWN_OPTIONS = frozenset(
     {
@@ -187,9 +187,9 @@ class KafkaAdapter:
         buffer: int = 20000,
         revoke_wait: float = 10.0,
     ) -> None:
-        from iqbridge.registry import redact
-
         self.url = redact(url)
+        #: What librdkafka's messages must not show (it may quote a property's value).
+        self._secrets = url_secrets(url)
         self.prefix = prefix
         self.partitions = partitions
         self.replication = replication
@@ -227,7 +227,7 @@ class KafkaAdapter:
     @classmethod
     def from_url(cls, url: str) -> KafkaAdapter:
         """Connect to the brokers a ``kafka://`` URL names; check that they answer."""
-        from iqbridge.registry import redact, url_number
+        from iqbridge.registry import url_number
 
         safe = redact(url)
         parts = urlsplit(url)
@@ -318,8 +318,8 @@ class KafkaAdapter:
 
     def _unavailable(self, what: str) -> BrokerUnavailable:
         return BrokerUnavailable(
-            f"cannot reach Kafka at {self.url} ({what}); check that the broker runs there "
-            f"and that the URL's hosts, ports and security options are right"
+            f"cannot reach Kafka at {self.url} ({scrub(what, self._secrets)}); check that the "
+            f"broker runs there and that the URL's hosts, ports and security options are right"
         )
 
     def _wrap(self, exc: KafkaException, doing: str) -> Exception:
@@ -329,7 +329,8 @@ class KafkaAdapter:
             KafkaError.INVALID_CONFIG,
             KafkaError._UNKNOWN_PROTOCOL,
         ):
-            return ConfigurationError(f"Kafka at {self.url}: {doing}: {err.str()}")
+            why = scrub(err.str(), self._secrets)
+            return ConfigurationError(f"Kafka at {self.url}: {doing}: {why}")
         return self._unavailable(f"{doing}: {err.str() if err is not None else exc}")
 
     def _admin_client(self) -> AdminClient:

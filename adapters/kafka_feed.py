@@ -22,7 +22,6 @@ The rules that make a log behave like the state model's queue:
 from __future__ import annotations
 
 import bisect
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,12 +31,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from iqbridge.model import Envelope, Received
+from iqbridge.redaction import get_logger
 
 from .kafka_wire import addressed_to, decode, ref  # noqa: TID251
 
 __all__ = ["Feed", "FeedFailed", "Record"]
 
-log = logging.getLogger("iqbridge.adapters.kafka")
+log = get_logger("iqbridge.adapters.kafka")
 
 #: Records read per consume() call.
 _CONSUME = 500

@@ -34,6 +34,7 @@ from iqbridge.adapter import Capabilities
 from iqbridge.errors import ConfigurationError, UnknownQueueError
 from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope, Received
+from iqbridge.redaction import redact
 from iqbridge.stores.memory import MemoryStore
 
 __all__ = ["MemoryAdapter", "MemoryBroker"]
@@ -117,7 +118,7 @@ class MemoryAdapter:
         if parts.path not in ("", "/") or opts or forget not in _TRUE | _FALSE:
             raise ConfigurationError(
                 f"memory URL takes a name and one option: memory://name?forget=true|false, "
-                f"not {url!r}"
+                f"not {redact(url)!r}"
             )
         return cls(MemoryBroker.named(parts.netloc, forget=forget in _TRUE))
 

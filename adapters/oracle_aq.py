@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import logging
 import os
 import re
 import threading
@@ -57,6 +56,7 @@ from iqbridge.errors import (
 )
 from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope, Received
+from iqbridge.redaction import get_logger, remember_secret
 from iqbridge.registry import redact
 
 from .oracle_aq_inventory import OracleAQInventory  # noqa: TID251
@@ -64,7 +64,7 @@ from .oracle_aq_locks import OracleAQLocks  # noqa: TID251
 
 __all__ = ["OracleAQAdapter", "client_module"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The largest RAW payload AQ takes, in bytes.
 RAW_LIMIT = 32767
@@ -168,6 +168,7 @@ def _parse(url: str) -> _Settings:
         )
     env = opts.get("password_env", _PASSWORD_ENV)
     password = unquote(parts.password) if parts.password is not None else os.environ.get(env)
+    remember_secret(password)  # one from the environment too: kept out of every log line
     if not password:
         raise ConfigurationError(
             f"{safe}: no password for {parts.username!r}: put it in the URL or in ${env}"

@@ -15,18 +15,19 @@ index; its AQ entry is removed once this process's lock ends.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
+
+from iqbridge.redaction import get_logger
 
 if TYPE_CHECKING:
     from .oracle_aq import OracleAQAdapter  # noqa: TID251
 
 __all__ = ["OracleAQLocks"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass

@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from iqbridge.redaction import get_logger
+
 __all__ = [
     "kafka_find_sent",
     "ledger_name",
@@ -28,7 +30,7 @@ __all__ = [
     "redis_take_over",
 ]
 
-log = logging.getLogger("iqbridge")
+log = get_logger("iqbridge")
 
 #: Entries are looked for from this long before the put began (clock skew between the
 #: putting host and the broker).

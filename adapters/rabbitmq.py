@@ -73,6 +73,7 @@ from tenacity import (
 from iqbridge.adapter import Capabilities
 from iqbridge.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
 from iqbridge.model import Envelope, Received
+from iqbridge.redaction import get_logger, scrub, url_secrets
 from iqbridge.stores.sqlite import SqliteStore
 
 # Relative: the adapters directory imports as iqbridge.adapters (see pyproject), and
@@ -83,7 +84,7 @@ from .rabbitmq_wire import _PRIORITIES, Msg, Slot, as_int, decode, encode  # noq
 
 __all__ = ["RabbitMQAdapter", "decode", "encode"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -213,8 +214,9 @@ class RabbitMQAdapter:
         pika_query = urlencode({k: v for k, v in opts.items() if k in _PIKA_OPTIONS})
         try:
             params = pika.URLParameters(urlunsplit(parts._replace(query=pika_query, fragment="")))
-        except (ValueError, TypeError) as exc:
-            raise ConfigurationError(f"RabbitMQ URL {safe}: {exc}") from exc
+        except (ValueError, TypeError, SyntaxError) as exc:  # pika literal_evals ssl_options
+            why = scrub(f"{type(exc).__name__}: {exc}", url_secrets(url))
+            raise ConfigurationError(f"RabbitMQ URL {safe}: {why}") from None  # cause quotes it
         params.connection_attempts = 1  # retries are ours (tenacity), with backoff
         adapter = cls(
             params,

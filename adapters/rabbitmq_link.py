@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -43,9 +42,11 @@ from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 from pika.spec import Basic, BasicProperties
 
+from iqbridge.redaction import get_logger
+
 __all__ = ["ChannelError", "Link", "LinkLost", "Outgoing", "Unconfirmed"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _generations = itertools.count(1)
 

@@ -66,6 +66,7 @@ from iqbridge.errors import BrokerUnavailable, ConfigurationError, IQError
 from iqbridge.ids import adopted_id
 from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope, MessageRecord, Received
+from iqbridge.redaction import get_logger
 from iqbridge.stores.codec import record_from_json
 from iqbridge.stores.redis import DirectScripts, RedisStore, transient
 
@@ -74,7 +75,7 @@ from .redis_inventory import redis_entries, redis_unacked  # noqa: TID251
 
 __all__ = ["REQUEUE_CONSUMER", "RedisStreamsAdapter", "decode_fields", "encode_fields"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -20,6 +19,7 @@ from iqbridge.ids import adopted_id, new_token
 from iqbridge.model import Audience, MessageRecord, Received, Retained, check_name
 from iqbridge.observability import tracing
 from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH, to_seconds
+from iqbridge.redaction import get_logger
 from iqbridge.settling import Settling
 from iqbridge.states import IN_DOUBT, TERMINAL, SubscriberState
 from iqbridge.stores.base import StaleRecord
@@ -28,7 +28,7 @@ _RECEIVE_SKIPS = 100
 
 __all__ = ["Getting"]
 
-log = logging.getLogger("iqbridge")
+log = get_logger("iqbridge")
 
 
 class Getting(Settling, Housekeeping):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Literal
@@ -14,6 +13,7 @@ from iqbridge.adapter import TakesOver
 from iqbridge.errors import InvalidArgument, MessageNotFound
 from iqbridge.model import MessageRecord, to_micros
 from iqbridge.queue_core import QueueCore, to_seconds
+from iqbridge.redaction import get_logger
 from iqbridge.states import PublisherState
 from iqbridge.stores.base import PurgedMessage
 
@@ -23,7 +23,7 @@ __all__ = ["Housekeeping", "RecoveryAction"]
 #: parent's member in doubt marked DONE or made available again.
 RecoveryAction = Literal["reveal", "withdraw", "done", "release"]
 
-log = logging.getLogger("iqbridge")
+log = get_logger("iqbridge")
 
 #: Messages a purge asks the store for at a time (and ids it lists in one call).
 _PURGE_PAGE = 1000

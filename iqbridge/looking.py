@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -29,6 +28,7 @@ from iqbridge.model import (
     tally,
 )
 from iqbridge.queue_core import QueueCore, to_seconds
+from iqbridge.redaction import get_logger
 from iqbridge.states import ActorKind, PublisherState, SubscriberState
 from iqbridge.stores.base import Counting
 
@@ -46,7 +46,7 @@ class Browse:
 
 __all__ = ["Looking"]
 
-log = logging.getLogger("iqbridge")
+log = get_logger("iqbridge")
 
 
 class Looking(QueueCore):

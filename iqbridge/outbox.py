@@ -37,7 +37,7 @@ from iqbridge.errors import (
 from iqbridge.ids import new_id
 from iqbridge.model import Pool, check_name, check_text
 from iqbridge.payload import encode
-from iqbridge.registry import redact
+from iqbridge.redaction import redact, remember, scrub, url_secrets
 
 try:
     import sqlalchemy as sa
@@ -241,14 +241,17 @@ class Outbox:
                     options["connect_args"] = {"timeout": 30.0}
                 self.engine = sa.create_engine(url, **options)
             except (sa.exc.ArgumentError, ImportError) as exc:
+                why = scrub(str(exc), url_secrets(engine))
                 raise ConfigurationError(
-                    f"cannot open the outbox database {redact(engine)!r}: {exc}"
+                    f"cannot open the outbox database {redact(engine)!r}: {why}"
                 ) from None
             self._owns_engine = True
         else:
             self.engine = engine
             self._owns_engine = False
-        self.url = redact(self.engine.url.render_as_string(hide_password=False))
+        full = self.engine.url.render_as_string(hide_password=False)
+        remember(full)
+        self.url = redact(full)
         self.publisher = check_name("publisher", publisher) if publisher else None
         if max_bytes <= 0:
             raise InvalidArgument(f"max_bytes must be positive, got {max_bytes}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,6 +23,7 @@ from iqbridge.model import Audience, Envelope, MessageRecord, Retained, check_na
 from iqbridge.observability import tracing
 from iqbridge.payload import encode
 from iqbridge.queue_core import CAS_ATTEMPTS, to_seconds
+from iqbridge.redaction import get_logger
 from iqbridge.stores.base import StaleRecord
 from iqbridge.subscribing import AudienceSpec, Subscribing
 
@@ -100,7 +100,7 @@ class _Spec:
 
 __all__ = ["Outgoing", "Putting"]
 
-log = logging.getLogger("iqbridge")
+log = get_logger("iqbridge")
 
 
 class Putting(Subscribing):

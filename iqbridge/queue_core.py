@@ -12,7 +12,6 @@ the hub.
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
@@ -22,13 +21,14 @@ from iqbridge.adapter import Adapter, Colocated, Fenced, Probing
 from iqbridge.engine import Change
 from iqbridge.errors import ConcurrentUpdate, InvalidArgument, IQError, MessageNotFound
 from iqbridge.model import Envelope, MessageRecord, Subscriptions
+from iqbridge.redaction import get_logger
 from iqbridge.retry import RetryPolicy
 from iqbridge.states import SubscriberState
 from iqbridge.stores.base import IndexStore, StaleRecord
 
 __all__ = ["HubLink", "QueueCore"]
 
-log = logging.getLogger("iqbridge")
+log = get_logger("iqbridge")
 
 CAS_ATTEMPTS = 50
 CLAIM_BATCH = 4

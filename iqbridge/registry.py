@@ -13,10 +13,10 @@ import difflib
 import importlib
 from importlib.metadata import entry_points
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from iqbridge.adapter import Adapter
 from iqbridge.errors import ConfigurationError, UnknownSchemeError
+from iqbridge.redaction import redact, remember, scrub, url_secrets
 from iqbridge.stores.base import IndexStore
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "open_store",
     "redact",
     "store_class",
+    "url_secrets",
 ]
 
 #: scheme -> (import path, extra that installs its driver)
@@ -64,32 +65,19 @@ STORES: dict[str, tuple[str, str | None]] = {
 _EP_GROUP = "iqbridge.adapters"
 
 
-def redact(url: str) -> str:
-    """The URL with its password replaced by ``***`` (safe for logs and errors)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    if parts.password is None:
-        return url
-    # The text after the last "@" as written: .port raises on a port out of range.
-    host = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
 def url_number(
     opts: dict[str, str], name: str, default: float, *, low: float = 0.0, url: str
 ) -> float:
     """The number a URL option gives (``default`` when absent); ConfigurationError naming
-    the option and the redacted ``url`` when it is not a number of at least ``low``."""
+    the option and ``url`` (a description holding the URL, redacted here again) when it
+    is not a number of at least ``low``."""
     try:
         value = float(opts.get(name, default))
     except ValueError:
         value = low - 1
     if value < low:
         raise ConfigurationError(
-            f"{url}: {name} must be a number >= {low:g}, not {opts.get(name)!r}"
+            f"{scrub(url)}: {name} must be a number >= {low:g}, not {opts.get(name)!r}"
         )
     return value
 
@@ -149,12 +137,16 @@ def store_class(url: str) -> Any:
 
 
 def open_adapter(url: str) -> Adapter:
-    """The adapter for a broker URL."""
+    """The adapter for a broker URL (its secrets are scrubbed from every log line from
+    now on)."""
+    remember(url)
     adapter: Adapter = adapter_class(url).from_url(url)
     return adapter
 
 
 def open_store(url: str) -> IndexStore:
-    """The index store for an index URL."""
+    """The index store for an index URL (its secrets are scrubbed from every log line
+    from now on)."""
+    remember(url)
     store: IndexStore = store_class(url).from_url(url)
     return store

@@ -22,7 +22,6 @@ where the first stopped, in order. On SQLite a round holds no lock while it publ
 from __future__ import annotations
 
 import contextlib
-import logging
 import signal
 import threading
 import time
@@ -35,6 +34,7 @@ import sqlalchemy as sa
 
 from iqbridge.errors import ConcurrentUpdate, ConnectionError, InvalidArgument, MessageError
 from iqbridge.outbox import MalformedOutboxRow, Outbox, OutboxRow, _translate
+from iqbridge.redaction import get_logger
 
 if TYPE_CHECKING:
     from iqbridge.hub import Hub
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Relay", "RelayStats", "RoundResult", "stop_on_signals"]
 
-log = logging.getLogger("iqbridge.relay")
+log = get_logger("iqbridge.relay")
 
 #: Errors that say something about one row: the row is parked, the others go on.
 _ROW_ERRORS = (MessageError, InvalidArgument)

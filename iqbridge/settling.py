@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from iqbridge.model import MessageRecord
 from iqbridge.moves import DONE, PROCESS, Move
 from iqbridge.observability import tracing
 from iqbridge.queue_core import QueueCore, to_seconds
+from iqbridge.redaction import get_logger
 from iqbridge.states import IN_DOUBT, PublisherState
 from iqbridge.transaction import Binding, Transaction, driver_connection, join
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Move", "Settled", "Settling"]
 
-log = logging.getLogger("iqbridge")
+log = get_logger("iqbridge")
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable
 
 from iqbridge.errors import AudienceError
 from iqbridge.model import Audience, Pool, Subscriptions, check_name
 from iqbridge.queue_core import QueueCore
+from iqbridge.redaction import get_logger
 
 AudienceSpec = str | Pool | Iterable[str | Pool]
 
 __all__ = ["Subscribing"]
 
-log = logging.getLogger("iqbridge")
+log = get_logger("iqbridge")
 
 
 class Subscribing(QueueCore):

@@ -28,12 +28,12 @@ right after the commit.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from iqbridge.errors import ConfigurationError, IndexUnavailable, InvalidArgument, IQError
+from iqbridge.redaction import get_logger
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Binding", "Transaction", "driver_connection", "join"]
 
-log = logging.getLogger("iqbridge")
+log = get_logger("iqbridge")
 
 _ACTIVE = "iqbridge.transaction"
 

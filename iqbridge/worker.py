@@ -72,7 +72,6 @@ thread, or on Ctrl-C (which stops without draining).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -85,6 +84,7 @@ from typing import TYPE_CHECKING
 from iqbridge.delivery import Delivery
 from iqbridge.errors import ConcurrentUpdate, InvalidArgument, IQError, LeaseLost
 from iqbridge.errors import ConnectionError as IQConnectionError
+from iqbridge.redaction import get_logger
 from iqbridge.states import SubscriberState
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Worker", "WorkerStats"]
 
-log = logging.getLogger("iqbridge.worker")
+log = get_logger("iqbridge.worker")
 
 _REASON_MAX = 1000
 #: Errors worth trying again: the store or broker may be back in a moment.

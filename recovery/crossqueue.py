@@ -28,7 +28,6 @@ last module of a flow, the seed's credit-approval module).
 
 from __future__ import annotations
 
-import logging
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from iqbridge.errors import InvalidArgument, MessageNotFound
 from iqbridge.housekeeping import RecoveryAction
 from iqbridge.model import Filter, Member, MessageRecord, MessageSummary
 from iqbridge.queue import Queue
+from iqbridge.redaction import get_logger
 from iqbridge.registry import redact
 from iqbridge.states import IN_DOUBT, PublisherState, SubscriberState
 
@@ -50,7 +50,7 @@ __all__ = [
     "recover",
 ]
 
-log = logging.getLogger("iqbridge.recovery")
+log = get_logger("iqbridge.recovery")
 
 S = SubscriberState
 P = PublisherState

@@ -55,7 +55,6 @@ Streams) is flushed after repairs.
 from __future__ import annotations
 
 import enum
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -64,11 +63,12 @@ from iqbridge.errors import IQError
 from iqbridge.inventory import Entry, HidesInFlight, Inventory, PutsBack, TracksGroups, Unacked
 from iqbridge.model import Envelope, Filter, Member, MessageRecord, Received
 from iqbridge.queue import Queue
+from iqbridge.redaction import get_logger
 from iqbridge.states import IN_DOUBT, TERMINAL, PublisherState, SubscriberState
 
 __all__ = ["Check", "Finding", "Kind", "Note", "Report", "reconcile"]
 
-log = logging.getLogger("iqbridge.recovery")
+log = get_logger("iqbridge.recovery")
 
 #: Records loaded from the index per call.
 _CHUNK = 500

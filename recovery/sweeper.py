@@ -15,7 +15,6 @@ Liveness: each pass writes a small JSON health record (time, queues, changes) to
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -23,10 +22,11 @@ from pathlib import Path
 
 from iqbridge.errors import IQError
 from iqbridge.hub import Hub
+from iqbridge.redaction import get_logger
 
 __all__ = ["SweepResult", "Sweeper", "check_health"]
 
-log = logging.getLogger("iqbridge.recovery")
+log = get_logger("iqbridge.recovery")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ dashboard the same error is an HTML page, and a missing session goes to the log-
 from __future__ import annotations
 
 import functools
-import logging
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -38,10 +37,11 @@ from iqbridge.admin.sessions import Sessions
 from iqbridge.admin.state import AdminState, admin_state
 from iqbridge.admin.throttle import Throttle
 from iqbridge.errors import IQError
+from iqbridge.redaction import get_logger
 
 __all__ = ["create_app"]
 
-log = logging.getLogger("iqbridge.admin")
+log = get_logger("iqbridge.admin")
 
 _HERE = Path(__file__).parent
 

@@ -39,6 +39,7 @@ from iqbridge.errors import (
     PayloadNotRetained,
     UnknownQueueError,
 )
+from iqbridge.redaction import scrub
 
 __all__ = ["AdminHTTPError", "ErrorBody", "Scrubber", "classify"]
 
@@ -102,6 +103,4 @@ class Scrubber:
         return f"Scrubber({len(self._secrets)} secret(s))"
 
     def __call__(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+        return scrub(text, self._secrets)

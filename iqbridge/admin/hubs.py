@@ -4,21 +4,19 @@ hub (never its URL's password)."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from urllib.parse import unquote, urlsplit
 
 from iqbridge.admin.config import HubSpec
 from iqbridge.errors import ConnectionError, IQError, QueueError
 from iqbridge.hub import Hub, connect
 from iqbridge.queue import Queue
-from iqbridge.registry import redact
+from iqbridge.redaction import get_logger, redact, url_secrets
 
 __all__ = ["RETRY_AFTER", "HubNotFound", "HubUnavailable", "Hubs", "url_secrets"]
 
-log = logging.getLogger("iqbridge.admin")
+log = get_logger("iqbridge.admin")
 
 
 class HubNotFound(QueueError):
@@ -37,19 +35,6 @@ class HubUnavailable(IQError):
         self.name = name
         self.reason = reason
         super().__init__(f"hub {name!r} is unavailable: {reason}")
-
-
-def url_secrets(url: str | None) -> list[str]:
-    """The password of a URL, raw and percent-decoded (to scrub from text)."""
-    if not url:
-        return []
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return []
-    if not password:
-        return []
-    return sorted({password, unquote(password)}, key=len, reverse=True)
 
 
 #: Seconds a hub that could not be opened is reported unavailable before it is tried again.
@@ -88,11 +73,11 @@ class Hubs:
         return spec
 
     def redacted_url(self, name: str) -> str:
-        """The hub's broker URL with its password replaced by ``***``."""
+        """The hub's broker URL with its secrets (password, secret options) as ``***``."""
         return redact(self.spec(name).url)
 
     def secrets(self) -> list[str]:
-        """Every password in the configured URLs."""
+        """Every secret in the configured URLs (see :func:`~iqbridge.redaction.url_secrets`)."""
         out: list[str] = []
         for s in self._specs.values():
             out += url_secrets(s.url) + url_secrets(s.index)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import logging
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from iqbridge.model import (
     from_micros,
 )
 from iqbridge.queue import Queue
+from iqbridge.redaction import get_logger
 from iqbridge.states import PublisherState, SubscriberState
 
 if TYPE_CHECKING:  # recovery/ is installed as iqbridge.recovery; mypy reads it as its own root
@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # recovery/ is installed as iqbridge.recovery; mypy reads it 
 
 __all__ = ["SCAN_BOUND", "AdminService", "SearchPage", "SearchParams", "parse_state"]
 
-log = logging.getLogger("iqbridge.admin")
+log = get_logger("iqbridge.admin")
 
 #: Payload bytes shown in a timeline.
 PAYLOAD_PREVIEW = 4096

@@ -19,12 +19,12 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from iqbridge.errors import ConfigurationError
+from iqbridge.redaction import url_secrets
 
 __all__ = [
     "BridgeConfig",
@@ -200,7 +200,7 @@ class BridgeConfig(_Model):
         return self
 
     def secrets(self) -> list[str]:
-        """Passwords in every URL of the configuration, to scrub from output."""
+        """The secrets of every URL of the configuration, to scrub from output."""
         out: list[str] = []
         urls = [self.bridge.state]
         for r in self.routes:
@@ -211,12 +211,7 @@ class BridgeConfig(_Model):
                 r.destination.index or "",
             ]
         for url in urls:
-            try:
-                pw = urlsplit(url).password if url else None
-            except ValueError:
-                pw = None
-            if pw:
-                out.append(pw)
+            out += url_secrets(url)
         return out
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,11 +34,12 @@ from iqbridge.model import Filter
 from iqbridge.payload import decode
 from iqbridge.putting import Outgoing
 from iqbridge.queue import Queue
+from iqbridge.redaction import get_logger
 from iqbridge.states import PublisherState
 
 __all__ = ["Correlator", "Group"]
 
-log = logging.getLogger("iqbridge.bridge")
+log = get_logger("iqbridge.bridge")
 
 _AGGREGATOR = "aggregator"
 #: The header that marks a decision record (see Correlator._finish).

@@ -13,7 +13,6 @@ leases, so nothing is left in doubt and a standby can take over at once.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import threading
@@ -27,11 +26,12 @@ from iqbridge.bridge.config import BridgeConfig
 from iqbridge.bridge.route import RouteRunner, RouteStats
 from iqbridge.errors import IQError
 from iqbridge.hub import Hub, connect
+from iqbridge.redaction import get_logger, scrub
 from iqbridge.registry import open_store
 
 __all__ = ["Bridge", "check_health"]
 
-log = logging.getLogger("iqbridge.bridge")
+log = get_logger("iqbridge.bridge")
 
 
 class Bridge:
@@ -140,6 +140,7 @@ class Bridge:
     def _record(self) -> None:
         if self.health_file is None:
             return
+        secrets = self.config.secrets()
         body = {
             "time": time.time(),
             "pid": os.getpid(),
@@ -156,8 +157,8 @@ class Bridge:
                     "held": s.held,
                     "groups": s.groups,
                     "recovered": s.recovered,
-                    "failed": r.failed,
-                    "last_error": _scrub(s.last_error, self.config.secrets()),
+                    "failed": _scrub(r.failed, secrets),
+                    "last_error": _scrub(s.last_error, secrets),
                 }
                 for s, r in zip(self.stats(), self.routes, strict=True)
             },
@@ -204,11 +205,7 @@ def _located(exc: IQError, where: str) -> IQError:
 
 
 def _scrub(text: str | None, secrets: list[str]) -> str | None:
-    if text is None:
-        return None
-    for s in secrets:
-        text = text.replace(s, "***")
-    return text
+    return None if text is None else scrub(text, secrets)
 
 
 @contextmanager

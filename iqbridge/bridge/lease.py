@@ -11,18 +11,18 @@ lease lapses; on the same host, a holder whose process is gone is taken over at 
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 
 from iqbridge.delivery import Delivery
 from iqbridge.errors import IQError, LeaseLost, MessageNotFound
 from iqbridge.hub import Hub
+from iqbridge.redaction import get_logger
 from iqbridge.retry import RetryPolicy
 
 __all__ = ["RouteLease", "holder_gone"]
 
-log = logging.getLogger("iqbridge.bridge")
+log = get_logger("iqbridge.bridge")
 
 _HOLDER = "holder"
 

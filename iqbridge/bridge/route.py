@@ -20,7 +20,6 @@ aggregation timeouts, and stops the route if another process took its lease.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import zlib
@@ -45,6 +44,7 @@ from iqbridge.errors import (
 from iqbridge.hub import Hub
 from iqbridge.observability import tracing
 from iqbridge.putting import Outgoing
+from iqbridge.redaction import get_logger
 from iqbridge.retry import RetryPolicy
 from iqbridge.states import SubscriberState
 
@@ -52,7 +52,7 @@ S = SubscriberState
 
 __all__ = ["RouteRunner", "RouteStats"]
 
-log = logging.getLogger("iqbridge.bridge")
+log = get_logger("iqbridge.bridge")
 
 #: Worth waiting out: the broker or index may be back in a moment.
 TRANSIENT: tuple[type[BaseException], ...] = (ConnectionError, ConcurrentUpdate)

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from iqbridge.cli.context import CommandError, settings
+from iqbridge.redaction import get_logger
 
 __all__ = ["admin_app", "serve"]
 
@@ -62,7 +63,7 @@ def serve(
 
 def _log_to_stderr() -> None:
     """iqbridge's log lines (actions by token name, unreachable hubs) beside uvicorn's."""
-    log = logging.getLogger("iqbridge")
+    log = get_logger("iqbridge")
     if not log.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)-9s %(name)s: %(message)s"))

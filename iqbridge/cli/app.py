@@ -23,6 +23,7 @@ from iqbridge.cli.helptext import tidy_help
 from iqbridge.cli.journal import journal_app
 from iqbridge.errors import IQError
 from iqbridge.hub import DEFAULT_URL
+from iqbridge.redaction import scrub
 
 __all__ = ["app", "main"]
 
@@ -88,9 +89,7 @@ class IQGroup(TyperGroup):
 
 
 def _scrub(cfg: Settings, text: str) -> str:
-    for secret in cfg.secrets():
-        text = text.replace(secret, "***")
-    return " ".join(text.split())
+    return " ".join(scrub(text, cfg.secrets()).split())
 
 
 def _say(cfg: Settings, text: str) -> None:
@@ -99,7 +98,8 @@ def _say(cfg: Settings, text: str) -> None:
 
 def _report(cfg: Settings, exc: BaseException, text: str) -> int:
     if cfg.debug:
-        traceback.print_exception(exc, file=sys.stderr)
+        trace = "".join(traceback.format_exception(exc))
+        print(scrub(trace, cfg.secrets()), file=sys.stderr, end="", flush=True)
     _say(cfg, text)
     return 1
 

@@ -20,6 +20,7 @@ from iqbridge.bridge import Bridge, Lineage, Node, check_health, load_config
 from iqbridge.bridge.config import BridgeConfig
 from iqbridge.cli.context import CommandError, Settings, open_hub, settings
 from iqbridge.hub import Hub, connect
+from iqbridge.redaction import get_logger, scrub
 
 __all__ = ["bridge_app", "lineage"]
 
@@ -36,16 +37,14 @@ class _OneLine(logging.Handler):
         self.cfg = cfg
 
     def emit(self, record: logging.LogRecord) -> None:
-        text = " ".join(record.getMessage().split())
-        for secret in self.cfg.secrets():
-            text = text.replace(secret, "***")
+        text = " ".join(scrub(record.getMessage(), self.cfg.secrets()).split())
         kind = record.levelname.lower()
         self.cfg.err.print(f"iq: bridge: {kind}: {escape(text)}", soft_wrap=True)
 
 
 @contextlib.contextmanager
 def _logging(cfg: Settings) -> Iterator[None]:
-    logger = logging.getLogger("iqbridge.bridge")
+    logger = get_logger("iqbridge.bridge")
     handler = _OneLine(cfg)
     logger.addHandler(handler)
     old = logger.level

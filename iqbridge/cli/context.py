@@ -6,13 +6,12 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
 
 import iqbridge
-from iqbridge.registry import redact
+from iqbridge.redaction import redact, url_secrets
 
 __all__ = ["CommandError", "Settings", "open_hub", "open_queue", "settings"]
 
@@ -30,25 +29,17 @@ class Settings:
     debug: bool = False
     out: Console = field(default_factory=lambda: Console(highlight=False))
     err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
-    #: Passwords a command learnt of (a bridge config's URLs), scrubbed like the rest.
+    #: Secrets a command learnt of (a bridge config's URLs), scrubbed like the rest.
     more_secrets: list[str] = field(default_factory=list)
 
     @property
     def safe_url(self) -> str:
-        """The broker URL without its password."""
+        """The broker URL without its secrets (password, secret options)."""
         return redact(self.url)
 
     def secrets(self) -> list[str]:
-        """Passwords in the URLs given, to scrub from anything printed."""
-        found: list[str] = list(self.more_secrets)
-        for url in (self.url, self.index):
-            if not url:
-                continue
-            with contextlib.suppress(ValueError):
-                password = urlsplit(url).password
-                if password:
-                    found.append(password)
-        return found
+        """The secrets of the URLs given, to scrub from anything printed."""
+        return [*self.more_secrets, *url_secrets(self.url), *url_secrets(self.index)]
 
 
 def settings(ctx: typer.Context) -> Settings:

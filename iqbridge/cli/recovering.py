@@ -7,12 +7,12 @@ import importlib
 import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import typer
 
 import iqbridge
 from iqbridge.cli.context import CommandError, Settings, open_queue
+from iqbridge.redaction import url_secrets
 
 if TYPE_CHECKING:  # recovery/ is installed as iqbridge.recovery; mypy reads it as its own root
     from recovery.crossqueue import CrossQueueRecovery, Plan  # noqa: TID251
@@ -42,11 +42,7 @@ def _opened(
         yield None
         return
     url, name = parse_endpoint(end, option)
-    for u in (url, index):
-        with contextlib.suppress(ValueError):
-            password = urlsplit(u or "").password
-            if password:
-                cfg.more_secrets.append(password)
+    cfg.more_secrets.extend([*url_secrets(url), *url_secrets(index)])
     hub = iqbridge.connect(url, index, publisher="recovery")
     try:
         yield open_queue(hub, name)

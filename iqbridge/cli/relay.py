@@ -7,7 +7,6 @@ import logging
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated
-from urllib.parse import urlsplit
 
 import typer
 from rich.markup import escape
@@ -16,6 +15,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from iqbridge.cli.context import CommandError, Settings, open_hub, settings
 from iqbridge.cli.parsing import parse_duration
 from iqbridge.errors import IQError
+from iqbridge.redaction import get_logger, scrub, url_secrets
 
 if TYPE_CHECKING:
     from iqbridge.outbox import Outbox
@@ -24,33 +24,23 @@ if TYPE_CHECKING:
 __all__ = ["relay"]
 
 
-def _password(url: str | None) -> str | None:
-    with contextlib.suppress(ValueError):
-        return urlsplit(url).password if url else None
-    return None
-
-
 class _OneLine(logging.Handler):
     """Relay log records as one line each on stderr: parked rows, retried rounds."""
 
-    def __init__(self, cfg: Settings, secret: str | None) -> None:
+    def __init__(self, cfg: Settings, secrets: list[str]) -> None:
         super().__init__(logging.WARNING)
         self.cfg = cfg
-        self.secret = secret
+        self.secrets = secrets
 
     def emit(self, record: logging.LogRecord) -> None:
-        text = " ".join(record.getMessage().split())
-        if self.secret:
-            text = text.replace(self.secret, "***")
-        for other in self.cfg.secrets():
-            text = text.replace(other, "***")
+        text = " ".join(scrub(record.getMessage(), [*self.secrets, *self.cfg.secrets()]).split())
         kind = "parked" if record.levelno >= logging.ERROR else "warning"
         self.cfg.err.print(f"iq: {kind}: {escape(text)}", soft_wrap=True)
 
 
 @contextlib.contextmanager
 def _log_to(handler: logging.Handler) -> Iterator[None]:
-    logger = logging.getLogger("iqbridge.relay")
+    logger = get_logger("iqbridge.relay")
     logger.addHandler(handler)
     try:
         yield
@@ -119,19 +109,16 @@ def relay(
     cfg.index = index or cfg.index
     poll_s = parse_duration(poll, "--poll")
     idle_s = parse_duration(until_idle, "--until-idle") if until_idle else None
-    secret = _password(outbox_url)
+    secrets = url_secrets(outbox_url)
     try:
         with Outbox(outbox_url, table=table, schema=schema) as outbox, open_hub(ctx) as hub:
             if retry_parked:
                 cfg.err.print(f"{outbox.retry_parked()} parked row(s) made pending again")
             runner = Relay(outbox, hub, batch=batch, poll=poll_s)
-            with stop_on_signals(runner), _log_to(_OneLine(cfg, secret)):
+            with stop_on_signals(runner), _log_to(_OneLine(cfg, secrets)):
                 stats = _run(cfg, outbox, runner, once=once, until_idle=idle_s)
     except (IQError, CommandError) as exc:
-        text = str(exc)
-        if secret:
-            text = text.replace(secret, "***")
-        raise CommandError(text) from exc
+        raise CommandError(scrub(str(exc), secrets)) from exc
     if stats.parked:
         cfg.err.print(
             f"{stats.parked} row(s) parked (see above): fix them, then iq relay --retry-parked"

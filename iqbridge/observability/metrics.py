@@ -26,7 +26,6 @@ tail starts when it is first reached. No label and no log line carries a URL's p
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -46,13 +45,13 @@ from iqbridge.errors import BrokerUnavailable, MessageNotFound
 from iqbridge.hub import Hub, connect
 from iqbridge.model import JournalEntry
 from iqbridge.queue import Queue
-from iqbridge.registry import redact
+from iqbridge.redaction import get_logger, redact, scrub, url_secrets
 from iqbridge.states import ActorKind, PublisherState, SubscriberState
 from iqbridge.stores.base import IndexStore, LateJournal
 
 __all__ = ["BUCKETS", "IQCollector", "build_registry", "journal_end", "render"]
 
-log = logging.getLogger("iqbridge.metrics")
+log = get_logger("iqbridge.metrics")
 
 #: Bucket bounds (seconds) of ``iqbridge_revealed_to_done_seconds``.
 BUCKETS: tuple[float, ...] = (
@@ -82,12 +81,6 @@ _HELD = frozenset({S.GET.value, S.FETCHED.value, S.IN_PROCESS.value})
 #: Gaps in the journal's sequence a tail remembers, at most (see _Tail.holes).
 MAX_HOLES = 10_000
 _CLOSED = frozenset({S.DONE.value, S.UNUSABLE.value, S.EXPIRED.value})
-_SECRET = re.compile(r"(://[^:/@\s]*):[^@\s]*@")
-
-
-def _scrub(text: str) -> str:
-    """``text`` with any URL password in it replaced by ``***``."""
-    return _SECRET.sub(r"\1:***@", text)
 
 
 def build_registry(
@@ -363,7 +356,11 @@ class IQCollector(Collector):
                     try:
                         hub.close()
                     except Exception as exc:
-                        log.debug("metrics: closing hub %s: %s", st.name, _scrub(str(exc)))
+                        log.debug(
+                            "metrics: closing hub %s: %s",
+                            st.name,
+                            scrub(str(exc), url_secrets(st.url)),
+                        )
 
     # --- one hub --------------------------------------------------------------------
 
@@ -400,7 +397,7 @@ class IQCollector(Collector):
         else:
             st.index_errors += 1
         where = f" ({redact(st.url)})" if st.url is not None else ""
-        text = _scrub(f"{type(exc).__name__}: {exc}")
+        text = scrub(f"{type(exc).__name__}: {exc}", url_secrets(st.url))
         level = logging.WARNING if st.up else logging.DEBUG  # once per outage
         log.log(level, "metrics: hub %s%s not scraped: %s", st.name, where, text)
         st.up = False

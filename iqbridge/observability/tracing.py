@@ -58,14 +58,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from iqbridge.errors import ConfigurationError
+from iqbridge.redaction import get_logger, known_secrets, scrub
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -90,7 +91,7 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: The tracer when tracing is on; the hooks test this one name.
-log = logging.getLogger("iqbridge.tracing")
+log = get_logger("iqbridge.tracing")
 _tracer: Tracer | None = None
 _trace: ModuleType | None = None  # opentelemetry.trace, once configured
 _context: ModuleType | None = None  # opentelemetry.context
@@ -179,9 +180,15 @@ def _kind(name: str) -> Any:
 
 
 def _fail(span: Span, exc: BaseException) -> None:
+    """Mark the span failed by ``exc``; its message and traceback scrubbed of secrets."""
     assert _trace is not None
-    span.record_exception(exc)
-    span.set_status(_trace.Status(_trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    secrets = known_secrets()
+    message = scrub(str(exc), secrets)
+    stack = scrub("".join(traceback.format_exception(exc)), secrets)
+    span.record_exception(
+        exc, attributes={"exception.message": message, "exception.stacktrace": stack}
+    )
+    span.set_status(_trace.Status(_trace.StatusCode.ERROR, f"{type(exc).__name__}: {message}"))
 
 
 #: The header a creation context travels in (W3C Trace Context).

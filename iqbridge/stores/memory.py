@@ -21,6 +21,7 @@ from iqbridge.model import (
     Retained,
     Subscriptions,
 )
+from iqbridge.redaction import redact
 from iqbridge.states import PublisherState, SubscriberState
 from iqbridge.stores.base import AvailableQueries, PurgedMessage, StaleRecord
 from iqbridge.stores.codec import matches, summary
@@ -37,7 +38,7 @@ class MemoryStore(AvailableQueries):
     _named_lock = threading.Lock()
 
     def __init__(self, name: str = "") -> None:
-        self.url = f"memory://{name}"
+        self.url = redact(f"memory://{name}")
         self._lock = threading.RLock()
         self._records: dict[str, MessageRecord] = {}
         self._by_queue: dict[str, dict[str, None]] = {}

@@ -31,13 +31,14 @@ from tenacity import (
 
 from iqbridge.errors import ConfigurationError, IndexUnavailable, MessageNotFound
 from iqbridge.model import JournalEntry
+from iqbridge.redaction import get_logger
 from iqbridge.stores.codec import entries_from_json
 from iqbridge.stores.redis_scripts import _SCRIPTS, DirectScripts, _lua
 
 __all__ = ["RedisStoreBase", "transient"]
 
 # The store's logger, named for the module the store is imported from.
-log = logging.getLogger("iqbridge.stores.redis")
+log = get_logger("iqbridge.stores.redis")
 
 T = TypeVar("T")
 

@@ -21,8 +21,9 @@ from typing import ClassVar
 from urllib.parse import parse_qs, urlsplit
 
 from iqbridge.errors import ConfigurationError, IndexUnavailable
+from iqbridge.redaction import redact
 
-__all__ = ["SCHEMA_VERSION", "SqliteDatabase", "parse_sqlite_url"]
+__all__ = ["OPTIONS", "SCHEMA_VERSION", "SqliteDatabase", "parse_sqlite_url"]
 
 SCHEMA_VERSION = 2
 
@@ -90,27 +91,32 @@ CREATE TABLE IF NOT EXISTS iq_payloads (
 """
 
 
+#: The options of a ``sqlite:///`` URL.
+OPTIONS = frozenset({"synchronous", "busy_timeout"})
+
+
 def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
     """The database path and options of a ``sqlite:///`` URL."""
     parts = urlsplit(url)
+    safe = redact(url)
     if parts.scheme != "sqlite":
-        raise ConfigurationError(f"not a sqlite URL: {url!r}")
+        raise ConfigurationError(f"not a sqlite URL: {safe!r}")
     if parts.netloc:
         raise ConfigurationError(
-            f"sqlite URL {url!r} has a host part; use sqlite:///relative.db or "
+            f"sqlite URL {safe!r} has a host part; use sqlite:///relative.db or "
             f"sqlite:////absolute/path.db"
         )
     raw = parts.path[1:] if parts.path.startswith("/") else parts.path
     if not raw or raw == ":memory:":
         raise ConfigurationError(
-            f"sqlite URL {url!r} names no file; give one (sqlite:///iqbridge.db) or use "
+            f"sqlite URL {safe!r} names no file; give one (sqlite:///iqbridge.db) or use "
             f"memory:// for an in-process queue"
         )
     opts = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    unknown = set(opts) - {"synchronous", "busy_timeout"}
+    unknown = set(opts) - OPTIONS
     if unknown:
         raise ConfigurationError(
-            f"unknown sqlite option(s) {sorted(unknown)} in {url!r}; known: synchronous, "
+            f"unknown sqlite option(s) {sorted(unknown)} in {safe!r}; known: synchronous, "
             f"busy_timeout"
         )
     sync = opts.get("synchronous", "full").lower()

@@ -91,6 +91,23 @@ def test_secrets_come_from_the_environment_and_never_show(monkeypatch: pytest.Mo
     assert cfg.secrets() == ["s3cr3t-pw"]
 
 
+def test_secrets_are_those_of_every_url_option_too() -> None:
+    """Secret options (not only user-part passwords) of every URL, index ones included,
+    are what the bridge's log lines, errors and health record are scrubbed of."""
+    cfg = parse_config(
+        _raw(
+            source={"url": "sqlite:///in.db", "queue": "orders", "index": "memory://"},
+            destination={
+                "url": "kafka://h:9092?sasl.password=Kafka-Pw1&client.id=bridge",
+                "index": "postgresql://iq@db/shop?sslpassword=Pg-Key-Pw2&schema=iq",
+                "queue": "orders",
+            },
+        )
+    )
+    assert {"Kafka-Pw1", "Pg-Key-Pw2"} <= set(cfg.secrets())
+    assert not {"bridge", "iq", "shop"} & set(cfg.secrets())
+
+
 def test_a_missing_environment_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOPE_PW", raising=False)
     raw = _raw()

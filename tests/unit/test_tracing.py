@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import iqbridge
 from iqbridge.observability import tracing
+from iqbridge.redaction import remember
 from tests.tracing_helpers import (  # noqa: F401 (fixtures)
     attrs,
     hub_fixture,
@@ -172,6 +173,27 @@ def test_telemetry_that_fails_changes_nothing_for_the_caller(
     finally:
         tracer.start_span = original  # type: ignore[method-assign]
     assert q.state(d.msg_id).subscribers["billing"].state is iqbridge.SubscriberState.JOURNALLED
+
+
+def test_an_error_span_never_carries_a_secret(
+    spans: InMemorySpanExporter, hub: iqbridge.Hub
+) -> None:
+    remember("kafka://h:9092?sasl.password=Tr4ce-S3cret")  # as connect() does
+    q = hub.queue("orders")
+    q.put(b"x", to=["billing"])
+    d = q.get("billing")
+    assert d is not None
+    why = "cannot reach kafka://h:9092?ssl.key.password=Url-S3cret (driver: Tr4ce-S3cret)"
+    with pytest.raises(ValueError), d:
+        raise ValueError(why)
+    (proc,) = named(spans, "process orders")
+    event = dict(proc.events[0].attributes or {})
+    shown = "cannot reach kafka://h:9092?ssl.key.password=*** (driver: ***)"
+    assert event["exception.message"] == shown
+    assert shown in str(event["exception.stacktrace"])
+    assert proc.status.description == f"ValueError: {shown}"
+    for text in (str(event), str(proc.status.description)):
+        assert "S3cret" not in text
 
 
 def test_a_failed_settle_is_an_error_span(spans: InMemorySpanExporter, hub: iqbridge.Hub) -> None:
