@@ -186,6 +186,7 @@ class KafkaAdapter:
         #: (queue, consumer) -> until when its gets may wait past their timeout (monotonic
         #: seconds): one join_timeout for the reads of all the groups of one get.
         self._grace: dict[tuple[str, str], float] = {}
+        self._grace_lock = threading.Lock()
         self._topics: set[str] = set()
         self._down_since: float | None = None
         self._down_why = ""
@@ -650,7 +651,7 @@ class KafkaAdapter:
         """Until when a consumer's read may wait past its timeout: ``join_timeout`` from
         the first such wait, shared by the reads that follow within it (a get reads each
         of its subscriber's groups in turn: their joins together stay within the bound)."""
-        with self._lock:
+        with self._grace_lock:
             until = self._grace.get(key, 0.0)
             if until <= now:
                 if len(self._grace) > 1000:
