@@ -36,8 +36,10 @@ Options: ``prefix`` (prepended to topic and group names, default none), ``partit
 default 1), ``retry_for`` (seconds: how long a put waits for the broker before it fails,
 how long a consumer may go without reaching it before gets fail; default 30),
 ``connect_timeout`` (seconds to reach the broker at start, default 10),
-``join_timeout`` (seconds a first get waits for the group to assign partitions, default
-30), ``buffer`` (records a group's consumer holds read ahead and unsettled at most, default
+``join_timeout`` (seconds a get waits past its own timeout at most, and only for records
+this process produced that the subscriber's groups have not read yet: a consumer joining
+its group, the first fetch; default 5; a longer join goes on in the background),
+``buffer`` (records a group's consumer holds read ahead and unsettled at most, default
 20000: past it the partitions are paused, and librdkafka fetches a resumed partition
 only up to a second later, so keep it well above a batch),
 ``revoke_wait`` (seconds a rebalance waits for records in process, default 10); and every
@@ -45,8 +47,10 @@ librdkafka property (a name with a dot: ``security.protocol``, ``sasl.mechanism`
 ``ssl.ca.location``, ``session.timeout.ms``, ...), passed through to the producer and the
 consumers. ``kafka://user:password@host:port`` sets ``sasl.username`` and
 ``sasl.password`` (with ``sasl.mechanism=PLAIN`` and ``security.protocol=SASL_PLAINTEXT``
-unless given). librdkafka's log lines go to the Python logger ``iqbridge.librdkafka``. The
-default index is the SQLite file ``iqbridge-index.db`` in the working directory.
+unless given). librdkafka's log lines go to the Python logger ``iqbridge.librdkafka``
+(a failed connection, repeated many times a second, at INFO once per client, then DEBUG:
+see :mod:`iqbridge.adapters.kafka_clients`). The default index is the SQLite file
+``iqbridge-index.db`` in the working directory.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ from iqbridge.model import Envelope, Received
 from iqbridge.redaction import get_logger, redact, scrub, url_secrets
 from iqbridge.stores.sqlite import SqliteStore
 
+from .kafka_clients import PROBE, RdLog, client_config  # noqa: TID251
 from .kafka_feed import Feed, FeedFailed  # noqa: TID251
 from .kafka_inventory import kafka_entries, kafka_unacked  # noqa: TID251
 from .kafka_wire import Header, encode, header_items, header_text, parse_ref, ref  # noqa: TID251
@@ -85,8 +90,6 @@ from .probes import kafka_find_sent  # noqa: TID251
 __all__ = ["KafkaAdapter"]
 
 log = get_logger("iqbridge.adapters.kafka")
-#: librdkafka's own log lines.
-rdlog = get_logger("iqbridge.librdkafka")
 
 _OWN_OPTIONS = frozenset(
     {
@@ -100,53 +103,14 @@ _OWN_OPTIONS = frozenset(
         "revoke_wait",
     }
 )
-#: librdkafka properties only a consumer takes (the others warn about them), and those
-#: only a producer takes; every other property goes to both.
-#: A reader of the topic's tail (find_sent): its own group, never committing.
-_PROBE = {"group.id": "iq-probe", "enable.auto.commit": False, "enable.partition.eof": False}
-_CONSUMER_ONLY = (
-    "group.",
-    "session.timeout.ms",
-    "heartbeat.interval.ms",
-    "partition.assignment.strategy",
-    "max.poll.interval.ms",
-    "enable.auto.",
-    "auto.",
-    "fetch.",
-    "queued.",
-    "isolation.level",
-    "check.crcs",
-    "allow.auto.create.topics",
-    "consume.callback.max.messages",
-    "enable.partition.eof",
-    "coordinator.query.interval.ms",
-)
-_PRODUCER_ONLY = (
-    "transactional.id",
-    "transaction.timeout.ms",
-    "enable.idempotence",
-    "enable.gapless.guarantee",
-    "queue.buffering.",
-    "message.send.max.retries",
-    "retries",
-    "retry.backoff.",
-    "linger.ms",
-    "batch.",
-    "compression.",
-    "acks",
-    "request.required.acks",
-    "message.timeout.ms",
-    "delivery.timeout.ms",
-    "partitioner",
-    "sticky.partitioning.linger.ms",
-)
 #: Legal topic names (Kafka's rule).
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 #: librdkafka's default message.max.bytes; the envelope's headers need room too.
 _MAX_MESSAGE = 1_000_000
 _HEADROOM = 32 * 1024
-#: How long a get waits, at most, for records this process produced to be read back.
-_CATCH_UP = 5.0
+#: The longest slice of one blocking librdkafka call made from a caller's thread: a
+#: KeyboardInterrupt (Ctrl-C) is raised between two slices.
+_SLICE = 1.0
 #: Errors that mean the broker cannot be reached at all (not one dropped connection).
 _DOWN = frozenset(
     {
@@ -183,7 +147,7 @@ class KafkaAdapter:
         replication: int = 1,
         retry_for: float = 30.0,
         connect_timeout: float = 10.0,
-        join_timeout: float = 30.0,
+        join_timeout: float = 5.0,
         buffer: int = 20000,
         revoke_wait: float = 10.0,
     ) -> None:
@@ -200,7 +164,7 @@ class KafkaAdapter:
         self.revoke_wait = revoke_wait
         self._config = dict(config)
         self._config.setdefault("statistics.interval.ms", 1000)
-        self._config["logger"] = rdlog
+        self._config["logger"] = RdLog()
         self._config["error_cb"] = self._on_error
         self._config["stats_cb"] = self._on_stats
         self._servers = str(config["bootstrap.servers"])
@@ -219,9 +183,15 @@ class KafkaAdapter:
         self._producer: Producer | None = None
         self._admin: AdminClient | None = None
         self._feeds: dict[tuple[str, str], Feed] = {}
+        #: (queue, consumer) -> until when its gets may wait past their timeout (monotonic
+        #: seconds): one join_timeout for the reads of all the groups of one get.
+        self._grace: dict[tuple[str, str], float] = {}
+        self._grace_lock = threading.Lock()
         self._topics: set[str] = set()
         self._down_since: float | None = None
         self._down_why = ""
+        #: connect() is checking that the brokers answer: it reports an outage itself.
+        self._checking = False
         self._closed = False
 
     @classmethod
@@ -268,7 +238,7 @@ class KafkaAdapter:
             replication=int(number("replication", 1, 1)),
             retry_for=number("retry_for", 30.0, 0.1),
             connect_timeout=number("connect_timeout", 10.0, 0.1),
-            join_timeout=number("join_timeout", 30.0, 0.1),
+            join_timeout=number("join_timeout", 5.0, 0.0),
             buffer=int(number("buffer", 20000, 1)),
             revoke_wait=number("revoke_wait", 10.0),
         )
@@ -305,16 +275,8 @@ class KafkaAdapter:
     # --- clients -------------------------------------------------------------------
 
     def _client_config(self, kind: str = "", **extra: Any) -> dict[str, Any]:
-        """The librdkafka configuration of a client: a ``producer`` or ``consumer`` gets
-        only the properties it takes (the admin client gets neither kind's own)."""
-        config = {
-            name: value
-            for name, value in self._config.items()
-            if not (kind != "consumer" and name.startswith(_CONSUMER_ONLY))
-            and not (kind != "producer" and name.startswith(_PRODUCER_ONLY))
-        }
-        config.update(extra)
-        return config
+        """The librdkafka configuration of a client (see :func:`client_config`)."""
+        return client_config(self._config, kind, **extra)
 
     def _unavailable(self, what: str) -> BrokerUnavailable:
         return BrokerUnavailable(
@@ -346,14 +308,31 @@ class KafkaAdapter:
             return self._admin
 
     def _check(self) -> None:
-        """Fail fast (within ``connect_timeout``) when the brokers do not answer."""
+        """Fail within ``connect_timeout`` when the brokers do not answer: asked in
+        slices of a second at most, so that Ctrl-C ends the wait at once."""
         admin = self._admin_client()
+        deadline = time.monotonic() + self.connect_timeout
+        slice_ = 0.1
+        self._checking = True
         try:
-            admin.list_topics(timeout=self.connect_timeout)
-        except KafkaException as exc:
-            admin.poll(0)  # hand librdkafka's log lines of the attempt to Python logging
+            while True:
+                try:
+                    admin.list_topics(timeout=min(slice_, max(deadline - time.monotonic(), 0.01)))
+                    admin.poll(0)  # the failed attempts' events, served while checking
+                    return
+                except KafkaException as exc:
+                    admin.poll(0)  # hand librdkafka's log lines to Python logging
+                    wrapped = self._wrap(
+                        exc, f"no answer within connect_timeout={self.connect_timeout:g} s"
+                    )
+                    if isinstance(wrapped, ConfigurationError) or time.monotonic() >= deadline:
+                        raise wrapped from exc
+                slice_ = min(slice_ * 2, _SLICE)
+        except BaseException:
             self.close()
-            raise self._wrap(exc, f"no answer within {self.connect_timeout:g} s") from exc
+            raise
+        finally:
+            self._checking = False
 
     def _producer_now(self) -> Producer:
         with self._lock:
@@ -380,6 +359,9 @@ class KafkaAdapter:
         if err.fatal():
             log.error("Kafka at %s: fatal client error: %s", self.url, err.str())
         if err.code() in _DOWN:
+            if self._checking:  # connect() raises within connect_timeout, saying so
+                log.debug("Kafka at %s: %s", self.url, err.str())
+                return
             if self._down_since is None:
                 self._down_since = time.monotonic()
                 log.warning(
@@ -448,7 +430,7 @@ class KafkaAdapter:
         """Records of ``sent`` the topic holds (``Probing``): read from the put on."""
         if not sent:
             return {}
-        probe = Consumer(self._client_config("consumer", **_PROBE))
+        probe = Consumer(self._client_config("consumer", **PROBE))
         try:
             wait = self.connect_timeout + 10
             return kafka_find_sent(
@@ -606,18 +588,6 @@ class KafkaAdapter:
                     except KafkaException as exc:
                         raise self._wrap(exc, f"starting a consumer of {topic!r}") from exc
                     self._feeds[key] = feed
-        if not feed.assigned.is_set() and not feed.join_waited:
-            # The first get of a new consumer waits for its group's assignment (the
-            # rebalance); later ones only for their own timeout, so a group that takes
-            # long to assign never holds every get for join_timeout.
-            feed.join_waited = True
-            if not feed.assigned.wait(self.join_timeout):
-                self._check_down()
-                log.warning(
-                    "Kafka group %s: no partitions assigned within %g s (join_timeout)",
-                    self.group_id(queue, group),
-                    self.join_timeout,
-                )
         return feed
 
     def receive(
@@ -632,14 +602,19 @@ class KafkaAdapter:
     ) -> list[Received]:
         """Records this process read for the group: held ones idle for ``min_idle``
         first, then the next in offset order per partition, each ordering key fenced.
-        Records this process produced are waited for (a few seconds at most) until read.
-        Blocks up to ``timeout``."""
+        Blocks up to ``timeout``, and past it for records this process produced to the
+        topic and the group's consumer has not read yet: its group joining (a new
+        consumer's first call only: the join goes on in the background) or its fetch;
+        ``join_timeout`` at most for all the groups ``consumer`` reads."""
         self._check_down()
         feed = self._feed(queue, group)
         with _SENT_LOCK:
             sent = dict(_SENT.get((self._servers, feed.topic), {}))
-        deadline = time.monotonic() + max(timeout, 0.0)
-        catch_up = time.monotonic() + _CATCH_UP
+        start = time.monotonic()
+        deadline = start + max(timeout, 0.0)
+        grace: float | None = None  # set once this call waits past its timeout
+        joining = not feed.join_waited and not feed.assigned.is_set()
+        feed.join_waited = True
         while True:
             try:
                 out = feed.take(consumer, count, min_idle, time.monotonic())
@@ -650,13 +625,40 @@ class KafkaAdapter:
             if out:
                 return out
             now = time.monotonic()
-            behind = sent and not feed.caught_up(sent) and now < catch_up
-            if not behind and now >= deadline:
+            if feed.assigned.is_set():
+                behind = bool(sent) and not feed.caught_up(sent)
+            else:
+                behind = joining and bool(sent)
+            until = deadline
+            if behind and now >= deadline:
+                if grace is None:
+                    grace = self._grace_until((queue, consumer), now)
+                until = max(deadline, grace)
+            if now >= until:
+                if joining and not feed.assigned.is_set():
+                    log.info(
+                        "Kafka group %s: no partitions assigned yet after %g s (join_timeout); "
+                        "joining goes on in the background",
+                        self.group_id(queue, group),
+                        self.join_timeout,
+                    )
                 return []
             with feed.lock:
                 if not feed.waiting():
-                    feed.lock.wait(min(max(deadline, catch_up if behind else 0) - now, 0.05))
+                    feed.lock.wait(min(until - now, 0.05))
             self._check_down()
+
+    def _grace_until(self, key: tuple[str, str], now: float) -> float:
+        """Until when a consumer's read may wait past its timeout: ``join_timeout`` from
+        the first such wait, shared by the reads that follow within it (a get reads each
+        of its subscriber's groups in turn: their joins together stay within the bound)."""
+        with self._grace_lock:
+            until = self._grace.get(key, 0.0)
+            if until <= now:
+                if len(self._grace) > 1000:
+                    self._grace = {k: u for k, u in self._grace.items() if u > now}
+                until = self._grace[key] = now + self.join_timeout
+            return until
 
     def ack(self, queue: str, group: str, refs: Sequence[str]) -> None:
         """The group is finished with these records: their offsets may be committed
@@ -727,7 +729,10 @@ class KafkaAdapter:
         for feed in feeds:
             feed.close()
         if producer is not None:
-            producer.flush(min(self.retry_for, 10.0))
+            # In short slices: Ctrl-C ends the wait for unsent records at once.
+            deadline = time.monotonic() + min(self.retry_for, 10.0)
+            while producer.flush(0.1) > 0 and time.monotonic() < deadline:
+                pass
 
     def entries(self, queue: str) -> Iterator[Entry]:
         """Every record the queue's topic holds (``Inventory``)."""

@@ -131,7 +131,10 @@ class Getting(Settling, Housekeeping):
             self._next_sweep = time.monotonic() + self.sweep_interval
             self.recover(limit=200)
         owner = f"{subscriber}@{self.hub.client_id}"
-        lease_until = now + int(lease_s * 1_000_000) if lease_s is not None else None
+        # A lease runs from its claim's commit, not from here: a broker read can be slow
+        # (a consumer group joining), and a lease that lapsed before the claim was made
+        # would hand the message to the next get at once.
+        lease_us = int(lease_s * 1_000_000) if lease_s is not None else None
         ask = max(want, CLAIM_BATCH)
         if not self._native or lock_id is not None:
             # Candidates are read outside the claim's transaction, so other consumers can
@@ -140,7 +143,7 @@ class Getting(Settling, Housekeeping):
                 ids = self._store.claimable(self.name, subscriber, now, ask, lock_id)
                 if not ids:
                     return []
-                got = self._claim_by_index(subscriber, ids, want, now, owner, lease_until, lock_id)
+                got = self._claim_by_index(subscriber, ids, want, now, owner, lease_us, lock_id)
                 if got:
                     return got
             return []
@@ -153,7 +156,7 @@ class Getting(Settling, Housekeeping):
             due = self._store.redeliverable(self.name, subscriber, now, ask)
             if due:
                 out = self._claim_by_index(
-                    subscriber, due, want, now, owner, lease_until, None, owned_only=True
+                    subscriber, due, want, now, owner, lease_us, None, owned_only=True
                 )
             if not out:
                 self.hub.redeliveries.discard((self.name, subscriber))
@@ -189,13 +192,13 @@ class Getting(Settling, Housekeeping):
                 received = fetch(count=need)
                 if not received:
                     break
-                out += self._accept_many(received, subscriber, now, owner, lease_until)
+                out += self._accept_many(received, subscriber, owner, lease_us)
                 if len(out) >= want or len(received) < need:
                     break
             if len(out) >= want:
                 return out
         if not out and not self._adapter.capabilities.single_active_groups:
-            out = self._claim_read_ahead(subscriber, groups, want, now, owner, lease_until)
+            out = self._claim_read_ahead(subscriber, groups, want, owner, lease_us)
         return out
 
     def _receive(
@@ -210,19 +213,19 @@ class Getting(Settling, Housekeeping):
         subscriber: str,
         groups: Sequence[str],
         want: int,
-        now: int,
         owner: str,
-        lease_until: int | None,
+        lease_us: int | None,
     ) -> list[Delivery]:
         """For a pool member whose groups had nothing: messages still AVAILABLE whose
         entries another member read ahead (they wait in that member's process, not in the
         group), claimed through the index; the other member then finds them taken."""
         if all(group == subscriber for group in groups):
             return []  # no pool: nobody else reads this subscriber's group
+        now = self._now()  # after the groups' reads
         ids = self._store.claimable(self.name, subscriber, now, max(want, CLAIM_BATCH))
         if not ids:
             return []
-        return self._claim_by_index(subscriber, ids, want, now, owner, lease_until, None)
+        return self._claim_by_index(subscriber, ids, want, now, owner, lease_us, None)
 
     def _claim_by_index(
         self,
@@ -231,14 +234,15 @@ class Getting(Settling, Housekeeping):
         want: int,
         now: int,
         owner: str,
-        lease_until: int | None,
+        lease_us: int | None,
         lock_id: str | None,
         *,
         owned_only: bool = False,
     ) -> list[Delivery]:
         """Claim up to ``want`` of the candidates ``ids`` through the index: one read of
         their records, one read of their payloads, one commit (each claim applies only if
-        its compare-and-set holds; one another consumer won is left out).
+        its compare-and-set holds; one another consumer won is left out). Each claim is
+        held for ``lease_us`` microseconds from when it is made (None: no lease).
 
         ``owned_only``: on an adapter that fences keys (:class:`~iqbridge.adapter.Fenced`),
         only messages whose partition this process reads (another process's reader hands
@@ -250,7 +254,7 @@ class Getting(Settling, Housekeeping):
             # Waiting for another process's write lock can take a while: the claim
             # happens once we hold the transaction, so stamp it and start its lease then.
             at = max(now, self._now())
-            until = lease_until + (at - now) if lease_until is not None else None
+            until = at + lease_us if lease_us is not None else None
             # Records are read as many at a time as claims are still wanted: the usual
             # single get reads one.
             pos = 0
@@ -345,26 +349,30 @@ class Getting(Settling, Housekeeping):
         )
 
     def _accept(
-        self, received: Received, subscriber: str, now: int, owner: str, lease_until: int | None
+        self, received: Received, subscriber: str, owner: str, lease_us: int | None
     ) -> Delivery | None:
         """Resolve one broker delivery against the index (native-group adapters)."""
-        got = self._accept_many([received], subscriber, now, owner, lease_until)
+        got = self._accept_many([received], subscriber, owner, lease_us)
         return got[0] if got else None
 
     def _accept_many(
         self,
         batch: Sequence[Received],
         subscriber: str,
-        now: int,
         owner: str,
-        lease_until: int | None,
+        lease_us: int | None,
     ) -> list[Delivery]:
         """Resolve broker deliveries against the index: the claimable ones are claimed in
-        one commit; one whose compare-and-set fails is decided again on a fresh read."""
+        one commit; one whose compare-and-set fails is decided again on a fresh read.
+
+        Decided and claimed as of now, after the broker's read: each claim is held for
+        ``lease_us`` microseconds from then (None: no lease)."""
         out: list[Delivery] = []
         pending = list(batch)
         for _ in range(CAS_ATTEMPTS):
-            claims, again = self._plan(pending, subscriber, now, owner, lease_until)
+            now = self._now()
+            until = now + lease_us if lease_us is not None else None
+            claims, again = self._plan(pending, subscriber, now, owner, until)
             flags = self._store.commit_each([c for _, c, _ in claims]) if claims else []
             refs: list[tuple[str, str]] = []
             for (received, change, token), ok in zip(claims, flags, strict=True):

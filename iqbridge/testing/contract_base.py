@@ -23,6 +23,7 @@ __all__ = [
     "ContractBase",
     "count_moves",
     "current",
+    "delay_broker_read",
     "pub_history",
     "sub_history",
     "sub_state",
@@ -69,6 +70,36 @@ def current(delivery: Delivery) -> SubscriberState:
     return delivery.state
 
 
+def delay_broker_read(
+    hub: Hub, clock: FakeClock, seconds: float, monkeypatch: pytest.MonkeyPatch
+) -> list[float]:
+    """Make the next broker read that finds something take ``seconds`` on the hub's
+    clock (a slow broker, a consumer group joining): the real read runs against the real
+    broker, and the clock moves on before it returns. The read is the adapter's
+    ``receive`` (``receive_indexed`` where broker and index are co-located), or, for an
+    index-driven adapter, the index's ``claimable``. Returns the list of the clock's
+    times the delayed read returned at (one at most)."""
+    target: object
+    if not hub.adapter.capabilities.native_groups:
+        target, name = hub.store, "claimable"  # the index is the queue
+    elif hub.colocated is not None:
+        target, name = hub.colocated, "receive_indexed"
+    else:
+        target, name = hub.adapter, "receive"
+    real = getattr(target, name)
+    delayed: list[float] = []
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        got = real(*args, **kwargs)
+        if got and not delayed:
+            clock.advance(seconds)
+            delayed.append(clock.now)
+        return got
+
+    monkeypatch.setattr(target, name, slow)
+    return delayed
+
+
 def count_moves(state: MessageState, subscriber: str, dst: SubscriberState) -> int:
     """How often the journal records ``subscriber`` moving to ``dst``."""
     return sum(1 for e in state.journal if e.actor == subscriber and e.dst == dst.value)
@@ -100,11 +131,10 @@ class ContractBase(abc.ABC):
         assert rec.native_ref is not None, f"message {msg_id} has no native reference"
         env = hub.adapter.read(queue.name, rec.native_ref)
         assert env is not None, f"the broker lost the payload of {msg_id}"
-        now = hub.now_us()
         member = rec.members[subscriber]
         received = Received(rec.native_ref, member.pool or subscriber, env, delivery_count=2)
         owner = f"{subscriber}@{hub.client_id}"
-        dup = queue._accept(received, subscriber, now, owner, now + int(queue.lease * 1e6))
+        dup = queue._accept(received, subscriber, owner, int(queue.lease * 1e6))
         if dup is not None:
             pytest.fail(f"the facade handed {msg_id} to {subscriber!r} again on redelivery")
 

@@ -31,6 +31,7 @@ from iqbridge.testing.contract_base import (
     LEASE,
     ContractBase,
     count_moves,
+    delay_broker_read,
     pub_history,
     sub_history,
     sub_state,
@@ -192,6 +193,32 @@ class FeatureTests(ContractBase):
         clock.advance(LEASE + 1)
         d = take(q, "a")
         assert (d.msg_id, d.attempt) == (msg_id, 2)
+
+    @pytest.mark.parametrize("many", [False, True], ids=["get", "get_many"])
+    def test_a_lease_runs_from_the_claim_after_a_slow_broker_read(
+        self, hub: Hub, q: Queue, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, many: bool
+    ) -> None:
+        """A broker read that outlasts the lease (a slow broker, a consumer group
+        joining) does not make a claim born lapsed: the lease runs from the claim, so no
+        other member or get takes the message while the holder's lease holds."""
+        pool = Pool("workers", ["w1", "w2"])
+        msg_id = q.put(b"x", to=[pool])
+        delayed = delay_broker_read(hub, clock, LEASE + 5, monkeypatch)
+        if many:
+            got = q.get_many("w1", 5)
+            assert got.msg_ids == [msg_id]
+            d = got[0]
+        else:
+            d = take(q, "w1")
+        assert delayed, "the broker read was not delayed"
+        assert d.msg_id == msg_id
+        assert q.get("w2") is None and q.get("w1") is None
+        assert q.recover() == 0
+        view = q.state(msg_id).subscribers["w1"]
+        assert (view.state, view.attempt) == (S.FETCHED, 1)
+        assert view.lease_until == from_micros(int((delayed[0] + LEASE) * 1_000_000))
+        d.done()
+        assert count_moves(q.state(msg_id), "w1", S.DONE) == 1
 
     def test_lease_expiry_after_max_attempts_is_unusable(self, q: Queue, clock: FakeClock) -> None:
         msg_id = q.put(b"x", to=["a"])

@@ -9,7 +9,10 @@
   empty one: Tansu keeps nothing), puts and gets go on in the same hub and the log says
   the broker is reachable again.
 * librdkafka's own log lines go through Python logging (``iqbridge.librdkafka``), never
-  to stderr: checked in a child process whose stderr is captured.
+  to stderr: checked in a child process whose stderr is captured. ``iq`` against an
+  unreachable broker prints one line, naming the broker and the bound it waited
+  (``connect_timeout``), within that bound; Ctrl-C (SIGINT) during the wait ends it at
+  once.
 * Bad input: an unknown option, a bad number, a librdkafka property librdkafka does not
   know, a queue name Kafka cannot take as a topic, a payload over the broker's limit:
   each a typed error naming what was wrong.
@@ -17,7 +20,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import subprocess
 import sys
 import textwrap
@@ -155,6 +160,75 @@ def test_librdkafka_logs_go_through_python_logging(tmp_path: Path) -> None:
     assert "raised BrokerUnavailable" in out.stdout, out.stdout + out.stderr
     assert "|FAIL|" not in out.stderr and "rdkafka" not in out.stderr, out.stderr
     assert "iqbridge.librdkafka" in out.stdout, out.stdout
+
+
+def _iq_put_to(port: int, connect_timeout: float, cwd: Path) -> subprocess.Popen[str]:
+    """``iq put`` to a Kafka URL whose port nothing listens on, as a child process."""
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("watching a child's threads needs /proc (Linux)")
+    url = f"kafka://127.0.0.1:{port}?connect_timeout={connect_timeout:g}"
+    return subprocess.Popen(
+        [str(Path(sys.executable).with_name("iq")), "--url", url, "put", "q", "hi", "--to", "a"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,  # the default index file goes there
+    )
+
+
+def _await_librdkafka(proc: subprocess.Popen[str], within: float = 60.0) -> None:
+    """Return once the child runs librdkafka's threads (its wait for the broker began):
+    its imports alone take seconds on a loaded machine."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        names = []
+        for comm in Path(f"/proc/{proc.pid}/task").glob("*/comm"):
+            with contextlib.suppress(OSError):
+                names.append(comm.read_text().strip())
+        if any(name.startswith("rdk:") for name in names):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"iq ended before it reached librdkafka: {proc.communicate()}")
+        time.sleep(0.02)
+    proc.kill()
+    pytest.fail(f"iq did not start librdkafka within {within:g} s")
+
+
+def _finish(proc: subprocess.Popen[str], within: float) -> tuple[str, float]:
+    """The child's stderr and how long it took to end (killed after ``within``)."""
+    started = time.monotonic()
+    try:
+        _out, err = proc.communicate(timeout=within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"iq still ran {within:g} s later")
+    return err, time.monotonic() - started
+
+
+def test_cli_says_once_that_kafka_is_unreachable_within_connect_timeout(tmp_path: Path) -> None:
+    port = free_port()
+    proc = _iq_put_to(port, 2, tmp_path)
+    _await_librdkafka(proc)
+    err, took = _finish(proc, 30)
+    assert proc.returncode == 1, err
+    lines = err.splitlines()
+    assert len(lines) == 1, f"{len(lines)} lines on stderr:\n{err[:3000]}"
+    assert lines[0].startswith("iq: error: cannot reach Kafka at"), lines[0]
+    assert f"127.0.0.1:{port}" in lines[0] and "connect_timeout=2 s" in lines[0], lines[0]
+    assert "FAIL" not in err and "rdkafka" not in err
+    assert took < 2 + 1.5, f"iq ended {took:.1f} s after its wait began (connect_timeout=2)"
+
+
+def test_ctrl_c_ends_the_wait_for_an_unreachable_kafka_at_once(tmp_path: Path) -> None:
+    proc = _iq_put_to(free_port(), 30, tmp_path)
+    _await_librdkafka(proc)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    err, took = _finish(proc, 15)
+    assert took < 2.0, f"iq ended {took:.1f} s after SIGINT"
+    assert proc.returncode == 130, err
+    assert "FAIL" not in err and "rdkafka" not in err
 
 
 @pytest.mark.parametrize(

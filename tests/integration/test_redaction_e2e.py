@@ -42,9 +42,8 @@ def test_iq_put_to_an_unreachable_kafka_never_prints_the_password(
         check=False,
     )
     assert proc.returncode == 1, proc.stderr
-    # The log line (Python's last-resort handler prints it on stderr) and the error line
-    # name the URL, with the password masked and every other option readable.
-    assert f"Kafka at {KAFKA_SHOWN} is unreachable" in proc.stderr
+    # The error line names the URL, with the password masked and every other option
+    # readable (and an unreachable Kafka says so once: no librdkafka lines besides).
     assert f"iq: error: cannot reach Kafka at {KAFKA_SHOWN} (" in proc.stderr
     assert SECRET not in proc.stdout + proc.stderr
 
@@ -65,7 +64,7 @@ def test_admin_hubs_dashboard_and_server_log_never_show_the_password(
         assert page.status_code == 200
         assert "sasl.password=***" in page.text and SECRET not in page.text
     lines = [rec.getMessage() for rec in caplog.records]
-    assert any(f"Kafka at {KAFKA_SHOWN} is unreachable" in m for m in lines), lines
+    assert any(f"cannot reach Kafka at {KAFKA_SHOWN}" in m for m in lines), lines
     assert not [m for m in lines if SECRET in m]
     assert SECRET not in caplog.text
 
