@@ -61,6 +61,8 @@ class _Rule:
     marker: tuple[bytes, ...]
     lose: str
     hold: float
+    #: The server's answers still reach the client until the reset (cut_after).
+    replies: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -69,7 +71,9 @@ class _Pair:
 
     client: asyncio.Transport
     server: asyncio.Transport | None = None
-    #: A cut is under way: nothing more is passed on in either direction.
+    #: A cut is under way: nothing more of the client's reaches the server.
+    muted: bool = False
+    #: ... and the server's next answer is not passed on but resets the connection.
     doomed: bool = False
     cutting: bool = False
     timer: asyncio.TimerHandle | None = None
@@ -139,6 +143,8 @@ class FaultProxy:
         self.target = (host, port)
         #: Connections broken so far (resets, cuts).
         self.cuts = 0
+        #: Bytes passed on from clients to the server so far (to aim a cut_after).
+        self.client_bytes = 0
         #: Run once, then cleared, when an armed cut fires: after the request got
         #: through and before the connection is reset (on a thread of its own, so it may
         #: block; it must not wait for a connection through this proxy).
@@ -205,13 +211,15 @@ class FaultProxy:
         """Stop the schedule of :meth:`reset_every`."""
         self._call(self._cancel_schedule)
 
-    def cut_after(self, nbytes: int, *, hold: float = 0.5) -> None:
+    def cut_after(self, nbytes: int, *, hold: float = 0.5, replies: bool = False) -> None:
         """Let ``nbytes`` more bytes from clients through (on any connection), then cut
         the connection that sent the last of them: nothing more of it reaches the server,
-        and it is reset when the server next answers or after ``hold`` seconds."""
+        and it is reset when the server next answers (that answer is lost) or after
+        ``hold`` seconds. With ``replies`` the server's answers to what got through still
+        reach the client, for ``hold`` seconds, and then the connection is reset."""
         if nbytes < 1:
             raise ValueError(f"cut_after needs at least 1 byte, got {nbytes}")
-        self._call(lambda: self._set_rule(_Rule(nbytes, (), "reply", hold)))
+        self._call(lambda: self._set_rule(_Rule(nbytes, (), "reply", hold, replies)))
 
     def arm(self, *marker: bytes, lose: str = "reply", hold: float = 0.5) -> None:
         """Cut the connection of the next client chunk that holds every byte string of
@@ -302,7 +310,7 @@ class FaultProxy:
         pair.client.resume_reading()
 
     def _from_client(self, pair: _Pair, data: bytes) -> None:
-        if pair.doomed or pair.server is None:
+        if pair.muted or pair.server is None:
             return
         rule, fire, passed = self._rule, False, data
         if rule is not None:
@@ -316,10 +324,12 @@ class FaultProxy:
                 if rule.lose == "request":
                     passed = b""
         if passed:
+            self.client_bytes += len(passed)
             pair.server.write(passed)
         if fire and rule is not None:
             self._rule = None
-            pair.doomed = True
+            pair.muted = True
+            pair.doomed = not rule.replies
             if rule.lose == "request":
                 self._start_cut(pair)
             else:
@@ -351,7 +361,7 @@ class FaultProxy:
         if pair not in self._pairs:
             return
         self._pairs.discard(pair)
-        pair.doomed = True
+        pair.muted = pair.doomed = True
         if count:
             self.cuts += 1
         for transport in (pair.client, pair.server):

@@ -134,8 +134,24 @@ def test_cut_after_lets_exactly_n_bytes_through_and_loses_the_answer(
         with pytest.raises(ConnectionResetError):
             sock.recv(100)  # the server's answer to them never comes
     assert server.got() == b"first0123456"
+    assert proxy.client_bytes == 12
     assert proxy.cuts == 1
     assert not proxy.armed
+
+
+def test_cut_after_with_replies_passes_the_answers_then_resets(
+    proxy: FaultProxy, server: Answering
+) -> None:
+    with _client(proxy) as sock:
+        proxy.cut_after(3, replies=True, hold=0.3)
+        t0 = time.monotonic()
+        sock.sendall(b"abcdef")  # "abc" gets through and is answered; "def" never is
+        assert _read(sock, 6) == b"ok:abc"
+        sock.sendall(b"more")  # lost: the connection is being cut
+        with pytest.raises(ConnectionResetError):
+            sock.recv(100)
+        assert time.monotonic() - t0 >= 0.25
+    assert server.got() == b"abc"
 
 
 def test_cut_after_counts_across_chunks(proxy: FaultProxy, server: Answering) -> None:
