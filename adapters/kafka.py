@@ -57,7 +57,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -83,6 +83,11 @@ from .kafka_wire import Header, encode, header_items, header_text, parse_ref, re
 from .probes import kafka_find_sent  # noqa: TID251
 
 __all__ = ["KafkaAdapter"]
+
+#: Records to produce (key, headers, value); find_sent; the envelopes of the records.
+Items = Sequence[tuple[bytes | None, list[Header], bytes]]
+Probe = Callable[[list[tuple[str, int]]], dict[str, str]] | None
+Envs = Sequence[Envelope]
 
 log = logging.getLogger("iqbridge.adapters.kafka")
 #: librdkafka's own log lines.
@@ -441,7 +446,8 @@ class KafkaAdapter:
         their native references (``<partition>:<offset>``)."""
         topic = self.topic(queue)
         self._ensure_topic(topic)
-        return self._produce(topic, [(*encode(env), env.body) for env in envelopes])
+        items = [(*encode(env), env.body) for env in envelopes]
+        return self._produce(topic, items, lambda sent: self.find_sent(queue, sent), envelopes)
 
     def find_sent(self, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:
         """Records of ``sent`` the topic holds (``Probing``): read from the put on."""
@@ -460,31 +466,35 @@ class KafkaAdapter:
         finally:
             probe.close()
 
-    def _produce(
-        self, topic: str, items: Sequence[tuple[bytes | None, list[Header], bytes]]
-    ) -> list[str]:
-        """Produce and wait for every delivery report. A producer librdkafka declares
-        fatally broken (say the broker restarted and forgot its producer id) is replaced
-        and the records produced again once: a record stored twice is one message to the
-        index (the second entry is recognised and skipped)."""
+    def _produce(self, topic: str, items: Items, probe: Probe = None, envs: Envs = ()) -> list[str]:
+        """Produce, wait for every delivery report (the idempotent producer rides out a lost
+        connection). A producer fatally broken (a broker that forgot its producer id) is
+        replaced, and what it did not confirm and ``probe`` (find_sent) does not find is
+        produced again once."""
+        done: dict[int, str] = {}
         try:
-            return self._produce_once(topic, items)
+            return self._produce_once(topic, items, done)
         except _Fatal as fatal:
             log.warning(
-                "Kafka at %s: producer failed fatally (%s); producing again with a new one",
+                "Kafka at %s: producer failed fatally (%s); a new one produces the rest",
                 self.url,
                 fatal,
             )
             self._reset_producer()
-            try:
-                return self._produce_once(topic, items)
-            except _Fatal as again:
-                self._reset_producer()
-                raise self._unavailable(f"producing to {topic!r}: {again}") from again
+        rest = [i for i in range(len(items)) if i not in done]
+        if probe is not None and rest:
+            held = probe([(envs[i].msg_id, envs[i].put_at) for i in rest])
+            done.update((i, held[envs[i].msg_id]) for i in rest if envs[i].msg_id in held)
+            rest = [i for i in rest if i not in done]
+        try:
+            again = self._produce_once(topic, [items[i] for i in rest], {}) if rest else []
+        except _Fatal as fatal:
+            self._reset_producer()
+            raise self._unavailable(f"producing to {topic!r}: {fatal}") from fatal
+        done.update(zip(rest, again, strict=True))
+        return [done[i] for i in range(len(items))]
 
-    def _produce_once(
-        self, topic: str, items: Sequence[tuple[bytes | None, list[Header], bytes]]
-    ) -> list[str]:
+    def _produce_once(self, topic: str, items: Items, done: dict[int, str]) -> list[str]:
         producer = self._producer_now()
         results: list[tuple[KafkaError | None, int, int] | None] = [None] * len(items)
         left = [len(items)]
@@ -492,6 +502,8 @@ class KafkaAdapter:
         def report(i: int) -> Any:
             def on_delivery(err: KafkaError | None, msg: Message) -> None:
                 results[i] = (err, msg.partition() or 0, msg.offset() or 0)
+                if err is None:  # confirmed: kept if a fatal error cuts the rest short
+                    done[i] = ref(msg.partition() or 0, msg.offset() or 0)
                 left[0] -= 1
 
             return on_delivery
