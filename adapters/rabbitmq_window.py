@@ -17,7 +17,10 @@ is one of:
 
 The ledger is read on a connection of its own; if that read fails (the broker is still
 going away) the attempt fails as a lost connection does and is retried, never turned
-into a blind resend.
+into a blind resend. It is read up to a marker published there first, on a connection
+opened after the lost one was gone: a publish the lost connection's channel had read
+but routes only after that marker (a broker lagging by a whole reconnect) would be
+missed, and sent again.
 """
 
 from __future__ import annotations
