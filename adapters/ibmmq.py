@@ -303,19 +303,50 @@ class IbmMqAdapter(IbmMqInventory, IbmMqLocks):
 
     def send(self, queue: str, envelopes: Sequence[Envelope]) -> list[str]:
         """Put one copy of each envelope on the queue of every group it is addressed to,
-        all under one syncpoint, then commit; return the msg_ids (the references)."""
+        all under one syncpoint, then commit; return the msg_ids (the references).
+
+        A connection broken during the puts backed the unit of work out: it is put again
+        on a new connection. One broken during MQCMIT leaves it in doubt (the commit may
+        have happened, its reply lost): the group queues are browsed for the messages'
+        MsgIds first, and the unit is put again only if none of them is there."""
         current = [""]
+        committing = [False]
 
         def run(conn: Conn) -> None:
+            if committing[0] and self._committed(conn, queue, envelopes):
+                log.info("IBM MQ at %s: a commit in doubt had committed", self.url)
+                return
+            committing[0] = False
             for env in envelopes:
                 env_json = encode_props(env)
                 for group in env.groups:
                     current[0] = self.queue_name(queue, group)
                     self._put(conn, current[0], env.body, self._md(env), env_json)
+            committing[0] = True
             conn.qmgr.commit()
 
         self._with("putting messages", run, lambda: current[0])
         return [env.msg_id for env in envelopes]
+
+    def _committed(self, conn: Conn, queue: str, envelopes: Sequence[Envelope]) -> bool:
+        """Whether any message of a unit of work is on one of its group queues (browsed
+        by MsgId): one is, if the unit committed (all or nothing). A copy every group
+        got and committed meanwhile is not seen: then the unit is put again."""
+        c, mod = self._c, self._mod
+        for env in envelopes:
+            for group in env.groups:
+                md, gmo = mod.MD(), mod.GMO()
+                md.MsgId = msg_id_bytes(env.msg_id)
+                gmo.Options = c.MQGMO_BROWSE_FIRST | c.MQGMO_NO_WAIT | c.MQGMO_FAIL_IF_QUIESCING
+                gmo.MatchOptions = c.MQMO_MATCH_MSG_ID
+                try:
+                    name = self.queue_name(queue, group)
+                    conn.queue(name, c.MQOO_BROWSE | c.MQOO_FAIL_IF_QUIESCING).get(None, md, gmo)
+                    return True
+                except mod.MQMIError as exc:
+                    if int(exc.reason) != c.MQRC_NO_MSG_AVAILABLE:
+                        raise
+        return False
 
     def receive(
         self,

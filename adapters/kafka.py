@@ -60,9 +60,8 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from confluent_kafka import (
     Consumer,
@@ -84,25 +83,19 @@ from iqbridge.stores.sqlite import SqliteStore
 from .kafka_clients import PROBE, RdLog, client_config  # noqa: TID251
 from .kafka_feed import Feed, FeedFailed  # noqa: TID251
 from .kafka_inventory import kafka_entries, kafka_unacked  # noqa: TID251
+from .kafka_url import parse_url  # noqa: TID251
 from .kafka_wire import Header, encode, header_items, header_text, parse_ref, ref  # noqa: TID251
 from .probes import kafka_find_sent  # noqa: TID251
 
 __all__ = ["KafkaAdapter"]
 
+#: Records to produce (key, headers, value); find_sent; the envelopes of the records.
+Items = Sequence[tuple[bytes | None, list[Header], bytes]]
+Probe = Callable[[list[tuple[str, int]]], dict[str, str]] | None
+Envs = Sequence[Envelope]
+
 log = get_logger("iqbridge.adapters.kafka")
 
-_OWN_OPTIONS = frozenset(
-    {
-        "prefix",
-        "partitions",
-        "replication",
-        "retry_for",
-        "connect_timeout",
-        "join_timeout",
-        "buffer",
-        "revoke_wait",
-    }
-)
 #: Legal topic names (Kafka's rule).
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 #: librdkafka's default message.max.bytes; the envelope's headers need room too.
@@ -197,51 +190,8 @@ class KafkaAdapter:
     @classmethod
     def from_url(cls, url: str) -> KafkaAdapter:
         """Connect to the brokers a ``kafka://`` URL names; check that they answer."""
-        from iqbridge.registry import url_number
-
-        safe = redact(url)
-        parts = urlsplit(url)
-        if parts.scheme != "kafka" or not parts.netloc:
-            raise ConfigurationError(
-                f"not a Kafka URL: {safe!r}; write kafka://host:9092[,host2:9092][?options]"
-            )
-        hosts = parts.netloc.rpartition("@")[2]
-        opts = dict(parse_qsl(parts.query, keep_blank_values=True))
-        unknown = {k for k in opts if "." not in k} - _OWN_OPTIONS
-        if unknown:
-            raise ConfigurationError(
-                f"unknown Kafka option(s) {sorted(unknown)} in {safe}; known: "
-                f"{', '.join(sorted(_OWN_OPTIONS))}, and librdkafka's properties (a name "
-                f"with a dot, such as security.protocol)"
-            )
-
-        def number(name: str, default: float, low: float = 0.0) -> float:
-            return url_number(opts, name, default, low=low, url=f"Kafka URL {safe}")
-
-        config: dict[str, Any] = {"bootstrap.servers": hosts}
-        if "@" in parts.netloc:
-            user, _, password = parts.netloc.rpartition("@")[0].partition(":")
-            config.update(
-                {
-                    "sasl.username": unquote(user),
-                    "sasl.password": unquote(password),
-                    "sasl.mechanism": "PLAIN",
-                    "security.protocol": "SASL_PLAINTEXT",
-                }
-            )
-        config.update({k: v for k, v in opts.items() if "." in k})
-        adapter = cls(
-            config,
-            url=url,
-            prefix=opts.get("prefix", ""),
-            partitions=int(number("partitions", 1, 1)),
-            replication=int(number("replication", 1, 1)),
-            retry_for=number("retry_for", 30.0, 0.1),
-            connect_timeout=number("connect_timeout", 10.0, 0.1),
-            join_timeout=number("join_timeout", 5.0, 0.0),
-            buffer=int(number("buffer", 20000, 1)),
-            revoke_wait=number("revoke_wait", 10.0),
-        )
+        config, options = parse_url(url)
+        adapter = cls(config, url=url, **options)
         adapter._check()
         return adapter
 
@@ -424,7 +374,8 @@ class KafkaAdapter:
         their native references (``<partition>:<offset>``)."""
         topic = self.topic(queue)
         self._ensure_topic(topic)
-        return self._produce(topic, [(*encode(env), env.body) for env in envelopes])
+        items = [(*encode(env), env.body) for env in envelopes]
+        return self._produce(topic, items, lambda sent: self.find_sent(queue, sent), envelopes)
 
     def find_sent(self, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:
         """Records of ``sent`` the topic holds (``Probing``): read from the put on."""
@@ -443,31 +394,35 @@ class KafkaAdapter:
         finally:
             probe.close()
 
-    def _produce(
-        self, topic: str, items: Sequence[tuple[bytes | None, list[Header], bytes]]
-    ) -> list[str]:
-        """Produce and wait for every delivery report. A producer librdkafka declares
-        fatally broken (say the broker restarted and forgot its producer id) is replaced
-        and the records produced again once: a record stored twice is one message to the
-        index (the second entry is recognised and skipped)."""
+    def _produce(self, topic: str, items: Items, probe: Probe = None, envs: Envs = ()) -> list[str]:
+        """Produce, wait for every delivery report (the idempotent producer rides out a lost
+        connection). A producer fatally broken (a broker that forgot its producer id) is
+        replaced, and what it did not confirm and ``probe`` (find_sent) does not find is
+        produced again once."""
+        done: dict[int, str] = {}
         try:
-            return self._produce_once(topic, items)
+            return self._produce_once(topic, items, done)
         except _Fatal as fatal:
             log.warning(
-                "Kafka at %s: producer failed fatally (%s); producing again with a new one",
+                "Kafka at %s: producer failed fatally (%s); a new one produces the rest",
                 self.url,
                 fatal,
             )
             self._reset_producer()
-            try:
-                return self._produce_once(topic, items)
-            except _Fatal as again:
-                self._reset_producer()
-                raise self._unavailable(f"producing to {topic!r}: {again}") from again
+        rest = [i for i in range(len(items)) if i not in done]
+        if probe is not None and rest:
+            held = probe([(envs[i].msg_id, envs[i].put_at) for i in rest])
+            done.update((i, held[envs[i].msg_id]) for i in rest if envs[i].msg_id in held)
+            rest = [i for i in rest if i not in done]
+        try:
+            again = self._produce_once(topic, [items[i] for i in rest], {}) if rest else []
+        except _Fatal as fatal:
+            self._reset_producer()
+            raise self._unavailable(f"producing to {topic!r}: {fatal}") from fatal
+        done.update(zip(rest, again, strict=True))
+        return [done[i] for i in range(len(items))]
 
-    def _produce_once(
-        self, topic: str, items: Sequence[tuple[bytes | None, list[Header], bytes]]
-    ) -> list[str]:
+    def _produce_once(self, topic: str, items: Items, done: dict[int, str]) -> list[str]:
         producer = self._producer_now()
         results: list[tuple[KafkaError | None, int, int] | None] = [None] * len(items)
         left = [len(items)]
@@ -475,6 +430,8 @@ class KafkaAdapter:
         def report(i: int) -> Any:
             def on_delivery(err: KafkaError | None, msg: Message) -> None:
                 results[i] = (err, msg.partition() or 0, msg.offset() or 0)
+                if err is None:  # confirmed: kept if a fatal error cuts the rest short
+                    done[i] = ref(msg.partition() or 0, msg.offset() or 0)
                 left[0] -= 1
 
             return on_delivery

@@ -129,10 +129,16 @@ def ledger_steps(adapter: Any, queue: str, group: str | None) -> list[Any]:
     return [lambda ch, cb: ch.queue_bind(name, exchange, routing_key=group, callback=cb)]
 
 
-def rabbitmq_find_sent(adapter: Any, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:
+def rabbitmq_find_sent(
+    adapter: Any, queue: str, sent: Sequence[tuple[str, int]], *, strict: bool = False
+) -> dict[str, str]:
     """Messages of ``sent`` the queue's ledger recorded: msg_id -> msg_id (RabbitMQ's
     reference). Read from shortly before the earliest put until every one is found or
-    a marker this call publishes to the ledger first comes back (the end as it was)."""
+    a marker this call publishes to the ledger first comes back (the end as it was).
+
+    A ledger that cannot be read to its end is logged and what was found returned, or,
+    ``strict``, raised (TimeoutError when the end did not come within the time limit):
+    the caller then asks again rather than send what it could not rule out."""
     from datetime import UTC, datetime
 
     import pika
@@ -141,7 +147,7 @@ def rabbitmq_find_sent(adapter: Any, queue: str, sent: Sequence[tuple[str, int]]
     found: dict[str, str] = {}
     since = max(0, min(at for _, at in sent) // 1000 - SKEW_MS) / 1000
     state: dict[str, Any] = {"marker": None, "done": False}
-    conn = adapter._blocking()
+    conn = adapter._blocking(strict=strict)
 
     def on_message(ch: Any, method: Any, props: Any, _body: bytes) -> None:
         mid = getattr(props, "message_id", None)
@@ -166,7 +172,11 @@ def rabbitmq_find_sent(adapter: Any, queue: str, sent: Sequence[tuple[str, int]]
         deadline = time.monotonic() + _PROBE_TIMEOUT
         while want - found.keys() and not state["done"] and time.monotonic() < deadline:
             conn.process_data_events(time_limit=0.05)
+        if strict and want - found.keys() and not state["done"]:
+            raise TimeoutError(f"the ledger's end did not come within {_PROBE_TIMEOUT:g} s")
     except Exception as exc:  # pika's errors: no ledger (yet), a closed channel
+        if strict:
+            raise
         log.warning(
             "RabbitMQ at %s: ledger of %r unreadable (%s); what it did not show is sent again",
             adapter.url,

@@ -10,7 +10,9 @@ Native mapping (see docs/adapters/rabbitmq.md):
   other groups in the ``BCC`` header (RabbitMQ routes the copy to each and strips the
   header), so a message reaches exactly its audience's queues; ``mandatory`` is set and
   publisher confirms are on, a window of messages at a time; a nack or a return
-  (unroutable) fails the put (:class:`~iqbridge.errors.BrokerRefused`);
+  (unroutable) fails the put (:class:`~iqbridge.errors.BrokerRefused`); a connection
+  lost in the middle of a window publishes again only what was not confirmed, and with
+  ``ledger=true`` only what the ledger does not hold (:mod:`.rabbitmq_window`);
 * persistent messages (``delivery_mode`` 2); consumers with manual acks and a prefetch;
   DONE is ``basic.ack`` (one ``multiple`` ack where a batch's delivery tags allow);
   a delivery given back is ``basic.nack`` with requeue;
@@ -56,7 +58,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions
@@ -71,15 +72,17 @@ from tenacity import (
 )
 
 from iqbridge.adapter import Capabilities
-from iqbridge.errors import BrokerRefused, BrokerUnavailable, ConfigurationError
+from iqbridge.errors import BrokerRefused, BrokerUnavailable
 from iqbridge.model import Envelope, Received
-from iqbridge.redaction import get_logger, scrub, url_secrets
+from iqbridge.redaction import get_logger
 from iqbridge.stores.sqlite import SqliteStore
 
 # Relative: the adapters directory imports as iqbridge.adapters (see pyproject), and
 # mypy checks it from the top level.
 from .probes import ledger_steps, rabbitmq_find_sent  # noqa: TID251
 from .rabbitmq_link import ChannelError, Link, LinkLost, Outgoing, Unconfirmed  # noqa: TID251
+from .rabbitmq_url import parse_url  # noqa: TID251
+from .rabbitmq_window import Probe, Window  # noqa: TID251
 from .rabbitmq_wire import _PRIORITIES, Msg, Slot, as_int, decode, encode  # noqa: TID251
 
 __all__ = ["RabbitMQAdapter", "decode", "encode"]
@@ -88,32 +91,6 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 
-_OWN_OPTIONS = frozenset(
-    {
-        "prefix",
-        "prefetch",
-        "queue_type",
-        "max_priority",
-        "retry_for",
-        "connect_timeout",
-        "confirm_timeout",
-        "single_active",
-        "ledger",
-    }
-)
-_PIKA_OPTIONS = frozenset(
-    {
-        "heartbeat",
-        "blocked_connection_timeout",
-        "channel_max",
-        "frame_max",
-        "locale",
-        "socket_timeout",
-        "stack_timeout",
-        "ssl_options",
-        "tcp_options",
-    }
-)
 #: RabbitMQ's default max_message_size (3.8 and later).
 _MAX_PAYLOAD = 128 * 1024 * 1024
 #: How long a receive waits for deliveries this process just gave back, at most.
@@ -177,60 +154,8 @@ class RabbitMQAdapter:
     @classmethod
     def from_url(cls, url: str) -> RabbitMQAdapter:
         """Connect to the broker an ``amqp://`` or ``amqps://`` URL names; check it answers."""
-        from iqbridge.registry import redact, url_number
-
-        safe = redact(url)
-        parts = urlsplit(url)
-        if parts.scheme not in ("amqp", "amqps"):
-            raise ConfigurationError(
-                f"not an AMQP URL: {safe!r}; write amqp://user:password@host:5672/vhost"
-            )
-        opts = dict(parse_qsl(parts.query, keep_blank_values=True))
-        unknown = set(opts) - _OWN_OPTIONS - _PIKA_OPTIONS
-        if unknown:
-            raise ConfigurationError(
-                f"unknown RabbitMQ option(s) {sorted(unknown)} in {safe}; known: "
-                f"{', '.join(sorted(_OWN_OPTIONS | _PIKA_OPTIONS))}"
-            )
-
-        def number(name: str, default: float, low: float = 0.0) -> float:
-            return url_number(opts, name, default, low=low, url=f"RabbitMQ URL {safe}")
-
-        queue_type = opts.get("queue_type", "classic")
-        if queue_type not in ("classic", "quorum"):
-            raise ConfigurationError(
-                f"RabbitMQ URL {safe}: queue_type must be classic or quorum, not {queue_type!r}"
-            )
-        max_priority = int(number("max_priority", 9))
-        if max_priority > 9:
-            raise ConfigurationError(
-                f"RabbitMQ URL {safe}: max_priority must be 0 (none) to 9, not {max_priority}"
-            )
-        single_active = opts.get("single_active", "false").lower()
-        if single_active not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-            raise ConfigurationError(
-                f"RabbitMQ URL {safe}: single_active must be true or false, not {single_active!r}"
-            )
-        pika_query = urlencode({k: v for k, v in opts.items() if k in _PIKA_OPTIONS})
-        try:
-            params = pika.URLParameters(urlunsplit(parts._replace(query=pika_query, fragment="")))
-        except (ValueError, TypeError, SyntaxError) as exc:  # pika literal_evals ssl_options
-            why = scrub(f"{type(exc).__name__}: {exc}", url_secrets(url))
-            raise ConfigurationError(f"RabbitMQ URL {safe}: {why}") from None  # cause quotes it
-        params.connection_attempts = 1  # retries are ours (tenacity), with backoff
-        adapter = cls(
-            params,
-            url=url,
-            prefix=opts.get("prefix", ""),
-            prefetch=int(number("prefetch", 256, 1)),
-            queue_type=queue_type,
-            max_priority=max_priority,
-            retry_for=number("retry_for", 30.0),
-            connect_timeout=number("connect_timeout", 10.0, 0.1),
-            confirm_timeout=number("confirm_timeout", 30.0, 0.1),
-            single_active=single_active in ("true", "1", "yes", "on"),
-            ledger=opts.get("ledger", "false").lower() in ("true", "1", "yes", "on"),
-        )
+        params, options = parse_url(url)
+        adapter = cls(params, url=url, **options)
         adapter._connected()  # fail fast at start: no long retry
         return adapter
 
@@ -461,20 +386,31 @@ class RabbitMQAdapter:
 
     def send(self, queue: str, envelopes: Sequence[Envelope]) -> list[str]:
         """Publish every envelope to the queue's exchange in one window and wait for
-        their confirms; return their native references (their msg_ids)."""
+        their confirms; return their native references (their msg_ids). A connection
+        lost on the way publishes again only what the broker did not confirm, and with
+        the ledger only what it does not hold (see :mod:`.rabbitmq_window`)."""
         exchange = self.exchange(queue)
         items = []
         for env in envelopes:
             key, props = encode(env)
             items.append(Outgoing(exchange, key, env.body, props))
-        self._publish(items)
+        self._publish(items, queue)
         return [env.msg_id for env in envelopes]
 
-    def _publish(self, items: Sequence[Outgoing]) -> None:
-        results = self._call(lambda link: link.publish(items, timeout=self.confirm_timeout))
-        with self._lock:
-            self._sent += 1
-        refused = [(item, why) for item, why in zip(items, results, strict=True) if why]
+    def _publish(self, items: Sequence[Outgoing], queue: str | None = None) -> None:
+        probe: Probe | None = None
+        if queue is not None and self.ledger:
+
+            def probe(sent: list[tuple[str, int]]) -> dict[str, str]:
+                return rabbitmq_find_sent(self, queue, sent, strict=True)
+
+        window = Window(items, probe=probe, url=self.url)
+        try:
+            self._call(lambda link: window.attempt(link, self.confirm_timeout))
+        finally:
+            with self._lock:
+                self._sent += 1
+        refused = window.refused()
         if refused:
             item, why = refused[0]
             how = why.how if isinstance(why, Unconfirmed) else "refused"
@@ -727,10 +663,14 @@ class RabbitMQAdapter:
                 return {}
             return {ref: msgs[0].consumer for ref, msgs in slot.held.items() if msgs}
 
-    def _blocking(self) -> pika.BlockingConnection:
+    def _blocking(self, *, strict: bool = False) -> pika.BlockingConnection:
+        """A blocking connection of its own (BrokerUnavailable if none can be made; with
+        ``strict``, pika's error as it is)."""
         try:
             return pika.BlockingConnection(self._params)
         except pika.exceptions.AMQPError as exc:
+            if strict:
+                raise
             raise self._unavailable(exc) from exc
 
     def find_sent(self, queue: str, sent: Sequence[tuple[str, int]]) -> dict[str, str]:

@@ -11,7 +11,9 @@ A link has three channels:
 
 * ``pub``: publishes, in confirm mode with ``mandatory``: one :meth:`Link.publish` sends
   a whole window of messages and waits for their confirms together (never one blocking
-  confirm per message); a nack or a return (unroutable) fails that message's future;
+  confirm per message); a nack or a return (unroutable) fails that message's future; a
+  connection lost in the middle of a window says, per message, whether the broker
+  confirmed it, refused it, never got it, or may have it (:class:`PublishCut`);
 * ``sub``: consumers (``basic_consume`` with prefetch) and their acknowledgements;
   deliveries go to the ``on_delivery`` callback the adapter gives;
 * ``ctl``: declarations, which may fail with a channel error (406 for a queue declared
@@ -27,14 +29,18 @@ harmless.
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import functools
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import pika
 import pika.exceptions
@@ -44,7 +50,15 @@ from pika.spec import Basic, BasicProperties
 
 from iqbridge.redaction import get_logger
 
-__all__ = ["ChannelError", "Link", "LinkLost", "Outgoing", "Unconfirmed"]
+__all__ = [
+    "ChannelError",
+    "Link",
+    "LinkLost",
+    "Outgoing",
+    "PublishCut",
+    "Sent",
+    "Unconfirmed",
+]
 
 log = get_logger(__name__)
 
@@ -78,6 +92,29 @@ class Unconfirmed(Exception):
         self.detail = detail
 
 
+class Sent(enum.Enum):
+    """What became of a published message whose confirm never came."""
+
+    #: Never handed to the connection: the broker cannot have it.
+    UNSENT = "unsent"
+    #: Written to the connection, no confirm before it was lost: the broker may have it.
+    IN_DOUBT = "in doubt"
+
+
+#: One message's outcome in a window: None (confirmed), why the broker refused it, or
+#: what became of it when its confirm never came.
+Outcome: TypeAlias = Unconfirmed | Sent | None
+
+
+class PublishCut(LinkLost):
+    """The connection was lost before every confirm of a window came: ``outcomes`` says,
+    per message in order, what became of it (a confirmed one must not be sent again)."""
+
+    def __init__(self, why: str, outcomes: list[Outcome]) -> None:
+        super().__init__(why)
+        self.outcomes = outcomes
+
+
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     """One message to publish."""
@@ -107,6 +144,8 @@ class Link:
         self._on_cancel = on_cancel
         self._opened: Future[None] = Future()
         self._closed = threading.Event()
+        #: Given up on (a window went unconfirmed): closing, never used again.
+        self._abandoned = False
         self.close_reason = ""
         self._pub: Channel | None = None
         self._sub: Channel | None = None
@@ -268,8 +307,16 @@ class Link:
 
     @property
     def alive(self) -> bool:
-        """The connection is open."""
-        return not self._closed.is_set()
+        """The connection is open (and not given up on)."""
+        return not self._closed.is_set() and not self._abandoned
+
+    def _abandon(self, why: str) -> None:
+        """Give the connection up and close it: the broker drops its channels, so nothing
+        unconfirmed of it is routed later behind a new connection's back."""
+        self.close_reason = self.close_reason or why
+        self._abandoned = True
+        with contextlib.suppress(LinkLost):
+            self._submit(lambda: self._conn.close() if self._conn.is_open else None)
 
     def _submit(self, fn: Callable[[], None]) -> None:
         if self._closed.is_set():
@@ -321,17 +368,22 @@ class Link:
 
         self._submit(run)
 
-    def publish(self, items: Sequence[Outgoing], *, timeout: float) -> list[BaseException | None]:
+    def publish(self, items: Sequence[Outgoing], *, timeout: float) -> list[Outcome]:
         """Publish every item (persistent, mandatory) and wait for all their confirms:
         one window. Returns, per item, None (confirmed) or why the broker did not take it.
-        Raises LinkLost if the connection went before every confirm came."""
+
+        Raises :class:`PublishCut` (a LinkLost) if the connection went before every
+        confirm came, or none came within ``timeout`` (the connection is then given up):
+        it says per item whether it was confirmed, refused, never sent, or is in doubt."""
         futures: list[Future[None]] = [Future() for _ in items]
+        #: Handed to pika (set on the I/O thread, read once the window is over).
+        written = [False] * len(items)
 
         def run() -> None:
             ch = self._pub
             if ch is None or not ch.is_open:
                 raise LinkLost("publishing channel closed")
-            for item, fut in zip(items, futures, strict=True):
+            for i, (item, fut) in enumerate(zip(items, futures, strict=True)):
                 tag = self._next_tag
                 self._next_tag += 1
                 self._confirms[tag] = fut
@@ -342,6 +394,7 @@ class Link:
                 ch.basic_publish(
                     item.exchange, item.routing_key, item.body, item.properties, mandatory=True
                 )
+                written[i] = True
 
         def guarded() -> None:
             try:
@@ -351,16 +404,37 @@ class Link:
                     if not fut.done():
                         fut.set_exception(LinkLost(f"publish failed: {exc}"))
 
-        self._submit(guarded)
-        out: list[BaseException | None] = []
-        for fut in futures:
-            try:
-                fut.result(timeout=timeout)
+        try:
+            self._submit(guarded)
+        except LinkLost as exc:
+            raise PublishCut(str(exc), [Sent.UNSENT] * len(items)) from None
+        deadline = time.monotonic() + timeout
+        pending: set[Future[None]] = set(futures)
+        timed_out = False
+        while pending:
+            # Woken every quarter second: a connection lost before the window was even
+            # handed to the I/O thread never completes its futures.
+            _, pending = wait_futures(
+                pending, timeout=max(0.0, min(0.25, deadline - time.monotonic()))
+            )
+            if not pending or self._closed.is_set():
+                break
+            if time.monotonic() >= deadline:
+                timed_out = True
+                self._abandon(f"no publisher confirm within {timeout:g} s")
+                break
+        out: list[Outcome] = []
+        for fut, sent in zip(futures, written, strict=True):
+            why = fut.exception() if fut.done() else None
+            if fut.done() and why is None:
                 out.append(None)
-            except Unconfirmed as exc:
-                out.append(exc)
-            except FutureTimeout:
-                raise LinkLost(f"no publisher confirm within {timeout:g} s") from None
+            elif isinstance(why, Unconfirmed):
+                out.append(why)
+            else:
+                # Given up on while the I/O thread may still be writing: in doubt, all.
+                out.append(Sent.IN_DOUBT if sent or timed_out else Sent.UNSENT)
+        if any(isinstance(o, Sent) for o in out):
+            raise PublishCut(self.close_reason or "connection lost", out)
         return out
 
     def _untag(self, mid: str, tag: int, _fut: object = None) -> None:

@@ -29,7 +29,7 @@ def _text(value: Any) -> str:
 def redis_entries(call: Call, client: Any, key: str) -> Iterator[Entry]:
     """Every entry of the stream, oldest first, with the msg_id the facade knows it by
     (an entry without ``iq-id`` is a stranger's: the id its adoption derives)."""
-    from .redis_streams import decode_fields  # noqa: TID251
+    from .redis_wire import decode_fields  # noqa: TID251
 
     start = "-"
     while True:

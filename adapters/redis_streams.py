@@ -36,7 +36,6 @@ index is the Redis index store on the same server and database; it retries for
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import threading
@@ -63,15 +62,21 @@ from tenacity import (
 from iqbridge.adapter import Capabilities
 from iqbridge.engine import Change
 from iqbridge.errors import BrokerUnavailable, ConfigurationError, IQError
-from iqbridge.ids import adopted_id
 from iqbridge.inventory import Entry, Unacked
-from iqbridge.model import Envelope, MessageRecord, Received
+from iqbridge.model import Envelope, Received
 from iqbridge.redaction import get_logger
-from iqbridge.stores.codec import record_from_json
 from iqbridge.stores.redis import DirectScripts, RedisStore, transient
 
 from .probes import redis_find_sent, redis_take_over  # noqa: TID251
 from .redis_inventory import redis_entries, redis_unacked  # noqa: TID251
+from .redis_wire import (  # noqa: TID251
+    RECEIVE_SCRIPT,
+    decode_fields,
+    encode_fields,
+    envelope_of,
+    pairs,
+    record_of,
+)
 
 __all__ = ["REQUEUE_CONSUMER", "RedisStreamsAdapter", "decode_fields", "encode_fields"]
 
@@ -97,187 +102,11 @@ _INDEX_OPTIONS = frozenset({"prefix", "socket_timeout", "socket_connect_timeout"
 #: Redis refuses a bulk string over 512 MB; leave room for the envelope fields.
 _MAX_PAYLOAD = 512 * 1024 * 1024 - 64 * 1024
 
-_PAYLOAD = b"payload"
-_H = "iq-h-"
-
-#: One round trip per receive, over one or more groups in order until one has entries:
-#: per group, entries given back to it (held by the reserved requeue consumer) first,
-#: then entries idle for ``min_idle`` (a crashed consumer's), then new ones. Entries
-#: addressed (``iq-to``) to other groups only are acknowledged for the group on the way
-#: and never leave the server. Held acknowledgements of each group go first. With a
-#: record prefix (the Redis index on the same server), each entry's index record is read
-#: too. Returns rows [id, how, group number, payload, JSON {"f": other fields, "r":
-#: record {v, s, n, r} or false}] for iqbridge entries and [id, how, group number, flat
-#: fields] for others (a legacy producer's); how = 1 for a first delivery, 2 for a
-#: redelivery.
-#:
-#: ARGV: consumer, idle ms, requeue consumer, scan limit, record prefix ("" for none),
-#: number of groups, then per group: name, count, number of acks, the acks.
-_RECEIVE = """
-local key = KEYS[1]
-local consumer, idle, requeue = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local scan, rp, ngroups = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
-local groups, counts = {}, {}
-local a = 7
-for g = 1, ngroups do
-  groups[g], counts[g] = ARGV[a], tonumber(ARGV[a + 1])
-  local nacks = tonumber(ARGV[a + 2])
-  a = a + 3
-  if nacks > 0 then
-    redis.call('XACK', key, groups[g], unpack(ARGV, a, a + nacks - 1))
-  end
-  a = a + nacks
-end
-local out = {}
-local function field(fields, name)
-  for i = 1, #fields, 2 do
-    if fields[i] == name then
-      return fields[i + 1]
-    end
-  end
-  return nil
-end
-for g = 1, ngroups do
-  local group, count, got = groups[g], counts[g], 0
-  local function take(entries, how)
-    for _, e in ipairs(entries) do
-      local fields = e[2]
-      if type(fields) == 'table' then
-        local to = field(fields, 'iq-to')
-        if to == nil or string.find(' ' .. to .. ' ', ' ' .. group .. ' ', 1, true) then
-          local id = field(fields, 'iq-id')
-          if id then
-            -- An iqbridge entry: the payload as it is, everything else in one JSON
-            -- text (a few reply elements instead of two per field).
-            local meta, body = {}, ''
-            for i = 1, #fields, 2 do
-              if fields[i] == 'payload' then
-                body = fields[i + 1]
-              else
-                meta[fields[i]] = fields[i + 1]
-              end
-            end
-            local rec = false
-            if rp ~= '' then
-              rec = redis.call('HMGET', rp .. 'm:' .. id, 'v', 's', 'n', 'r')
-            end
-            out[#out + 1] = {e[1], how, g, body, cjson.encode({f = meta, r = rec})}
-          else
-            out[#out + 1] = {e[1], how, g, fields}
-          end
-          got = got + 1
-        else
-          redis.call('XACK', key, group, e[1])
-        end
-      end
-    end
-  end
-  local pending = redis.call('XPENDING', key, group, '-', '+', count, requeue)
-  if #pending > 0 then
-    local ids = {}
-    for i, row in ipairs(pending) do ids[i] = row[1] end
-    take(redis.call('XCLAIM', key, group, consumer, 0, unpack(ids)), 2)
-  end
-  if idle > 0 and got < count then
-    take(redis.call('XAUTOCLAIM', key, group, consumer, idle, '0-0', 'COUNT', count - got)[2], 2)
-  end
-  local scanned = 0
-  while got < count and scanned < scan do
-    local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count - got,
-      'STREAMS', key, '>')
-    if not reply then break end
-    local entries = reply[1][2]
-    if #entries == 0 then break end
-    scanned = scanned + #entries
-    take(entries, 1)
-  end
-  if got > 0 then
-    break
-  end
-end
-return out
-"""
 #: How many entries addressed to other groups one receive passes over at most.
 _SCAN = 256
 #: Acknowledgements held back at most this many, or this many seconds, then sent.
 _ACK_BATCH = 64
 _ACK_DELAY = 0.5
-
-
-def encode_fields(env: Envelope) -> dict[str, bytes | str]:
-    """The stream entry for an envelope: the payload unchanged in ``payload``."""
-    fields: dict[str, bytes | str] = {
-        "payload": env.body,
-        "iq-id": env.msg_id,
-        "iq-ct": env.content_type,
-        "iq-pub": env.publisher,
-        "iq-prio": str(env.priority),
-        "iq-at": str(env.put_at),
-    }
-    if env.correlation_id is not None:
-        fields["iq-corr"] = env.correlation_id
-    if env.ordering_key:
-        fields["iq-key"] = env.ordering_key
-    if env.parents:
-        fields["iq-parents"] = json.dumps(list(env.parents))
-    if env.groups:
-        fields["iq-to"] = " ".join(env.groups)
-    for name, value in env.headers.items():
-        fields[f"{_H}{name}"] = value
-    return fields
-
-
-def decode_fields(stream: str, ref: str, raw: dict[bytes, bytes]) -> tuple[Envelope, bool]:
-    """The envelope of a stream entry, and whether it was adopted (no ``iq-id``)."""
-    if b"iq-id" not in raw:
-        return _adopt(stream, ref, raw), True
-    text = {
-        k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
-        for k, v in raw.items()
-        if k != _PAYLOAD
-    }
-    return _envelope(raw.get(_PAYLOAD, b""), text), False
-
-
-def _envelope(body: bytes, text: dict[str, str]) -> Envelope:
-    """The envelope of an iqbridge entry from its payload and its other fields as text."""
-    get = text.get
-    try:
-        priority = int(get("iq-prio", "4"))
-        put_at = int(get("iq-at", "0"))
-        parents = tuple(str(p) for p in json.loads(get("iq-parents", "[]")))
-    except (ValueError, TypeError):
-        priority, put_at, parents = 4, 0, ()
-    return Envelope(
-        msg_id=text["iq-id"],
-        body=body,
-        content_type=get("iq-ct", "application/octet-stream"),
-        headers={k[len(_H) :]: v for k, v in text.items() if k.startswith(_H)},
-        publisher=get("iq-pub", ""),
-        correlation_id=get("iq-corr"),
-        priority=priority,
-        ordering_key=get("iq-key", ""),
-        parents=parents,
-        put_at=put_at,
-        groups=tuple(get("iq-to", "").split()),
-    )
-
-
-def _adopt(stream: str, ref: str, raw: dict[bytes, bytes]) -> Envelope:
-    """A legacy producer's entry: payload from ``payload``, its only field, or all fields."""
-    if _PAYLOAD in raw:
-        body, ctype = raw[_PAYLOAD], "application/octet-stream"
-    elif len(raw) == 1:
-        body, ctype = next(iter(raw.values())), "application/octet-stream"
-    else:
-        obj = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in raw.items()}
-        body, ctype = json.dumps(obj, sort_keys=True).encode(), "application/json"
-    return Envelope(
-        msg_id=adopted_id("redis-streams", stream, ref),
-        body=body,
-        content_type=ctype,
-        publisher="(legacy)",
-    )
 
 
 class RedisStreamsAdapter:
@@ -309,7 +138,7 @@ class RedisStreamsAdapter:
         self.stream_prefix = stream_prefix
         self.retry_for = retry_for
         self._groups: set[tuple[str, str]] = set()
-        self._receive = client.register_script(_RECEIVE)
+        self._receive = client.register_script(RECEIVE_SCRIPT)
         self._direct = DirectScripts(client)
         self.read_ahead = max(read_ahead, 1)
         self._lock = threading.Lock()
@@ -320,6 +149,10 @@ class RedisStreamsAdapter:
         self._acks_since = 0.0
         #: When each (stream, *groups) last looked for idle entries (XAUTOCLAIM).
         self._idle_checked: dict[tuple[str, ...], float] = {}
+        #: The last entry id handed to each (stream, group, consumer), and the slots a
+        #: read of which lost its reply (see _marking_lost).
+        self._seen: dict[tuple[str, str, str], str] = {}
+        self._lost: set[tuple[str, str, str]] = set()
 
     @classmethod
     def from_url(cls, url: str) -> RedisStreamsAdapter:
@@ -458,18 +291,43 @@ class RedisStreamsAdapter:
     def send(self, queue: str, envelopes: Sequence[Envelope]) -> list[str]:
         """``XADD`` each envelope, in order, in one round trip; return the entry ids.
 
-        A retry after a lost reply may add an entry twice; the facade acknowledges the
-        second entry of a message it already delivers (once-only) instead of delivering it.
+        A connection lost on the way leaves the entries in doubt: Redis may have added
+        some of them (the first ones: it runs the pipeline in order) before the reply was
+        lost. The retry first reads the stream from the put's time on (``find_sent``, by
+        ``iq-id``) and adds only the entries it lacks, in order, so the stream holds one
+        entry per message.
         """
         key = self.key(queue)
+        refs: dict[str, str] = {}
+        tried = False
 
-        def add() -> list[Any]:
-            pipe = self._r.pipeline(transaction=False)
-            for env in envelopes:
-                pipe.xadd(key, encode_fields(env))  # type: ignore[arg-type]
-            return pipe.execute()
+        def add() -> list[str]:
+            nonlocal tried
+            todo = list(envelopes)
+            if tried:
+                lost = [(env.msg_id, env.put_at) for env in todo if env.msg_id not in refs]
+                if lost:
+                    found = redis_find_sent(_now, self._r, key, lost)
+                    if found:
+                        log.info(
+                            "Redis at %s: %d of %d entries in doubt after a lost connection "
+                            "were added; adding the rest",
+                            self.url,
+                            len(found),
+                            len(lost),
+                        )
+                    refs.update(found)
+                todo = [env for env in todo if env.msg_id not in refs]
+            tried = True
+            if todo:
+                pipe = self._r.pipeline(transaction=False)
+                for env in todo:
+                    pipe.xadd(key, encode_fields(env))  # type: ignore[arg-type]
+                for env, ref in zip(todo, pipe.execute(), strict=True):
+                    refs[env.msg_id] = _text(ref)
+            return [refs[env.msg_id] for env in envelopes]
 
-        return [_text(ref) for ref in self._call(add)]
+        return self._call(add)
 
     def receive(
         self,
@@ -481,14 +339,35 @@ class RedisStreamsAdapter:
         timeout: float,
         min_idle: float | None = None,
     ) -> list[Received]:
-        """Requeued entries first, then idle ones (with ``min_idle``), then new ones."""
+        """Requeued entries first, then idle ones (with ``min_idle``), then new ones.
+
+        A read whose reply a lost connection took may have moved entries to this
+        consumer's pending list: the next read (the retry, or the next receive) hands
+        those out first, in id order, before anything newer of the group."""
         out = self._receive_groups(queue, [group], consumer, count, min_idle, "")
         if not out and timeout > 0:
             key = self.key(queue)
+            slot = (key, group, consumer)
             block = max(int(timeout * 1000), 1)
-            reply: Any = self._call(
-                lambda: self._r.xreadgroup(group, consumer, {key: ">"}, count=count, block=block)
-            )
+
+            def read() -> Any:
+                with self._lock:
+                    after = self._reread_from(slot)
+                if after:
+                    # The lost read's entries, which wait for no one: no blocking.
+                    again: Any = self._r.xreadgroup(group, consumer, {key: after}, count=count)
+                    entries = again[0][1] if again else []
+                    if len(entries) < count:
+                        with self._lock:
+                            self._lost.discard(slot)
+                    if entries:
+                        return again
+                new = functools.partial(
+                    self._r.xreadgroup, group, consumer, {key: ">"}, count=count, block=block
+                )
+                return self._marking_lost([slot], new)
+
+            reply: Any = self._call(read)
             for _stream, entries in reply or []:
                 for ref, fields in entries:
                     if fields is not None:
@@ -497,7 +376,37 @@ class RedisStreamsAdapter:
                             self.ack(queue, group, [_text(ref)])
                             continue
                         out.append(Received(_text(ref), group, env, adopted=adopted))
+            self._saw(key, consumer, out)
         return out
+
+    def _reread_from(self, slot: tuple[str, str, str]) -> str:
+        """Where to read a consumer's own pending entries again from (after the last
+        entry this process handed it), or "" when no read of it was lost (under the
+        lock)."""
+        if slot not in self._lost:
+            return ""
+        return self._seen.get(slot, "0-0")
+
+    def _marking_lost(self, slots: Sequence[tuple[str, str, str]], fn: Callable[[], T]) -> T:
+        """``fn()``, a read for these (stream, group, consumer) slots; a dropped
+        connection or a timeout may have lost its reply after Redis moved entries to the
+        consumer's pending list, so the next read of each slot reads those again first."""
+        try:
+            return fn()
+        except RedisError as exc:
+            if transient(exc):
+                with self._lock:
+                    self._lost.update(slots)
+            raise
+
+    def _saw(self, key: str, consumer: str, received: Sequence[Received]) -> None:
+        """Remember the last entry id handed to each (group, consumer)."""
+        with self._lock:
+            for r in received:
+                slot = (key, r.group, consumer)
+                last = self._seen.get(slot)
+                if last is None or _id_key(r.native_ref) > _id_key(last):
+                    self._seen[slot] = r.native_ref
 
     def _receive_groups(
         self,
@@ -535,20 +444,32 @@ class RedisStreamsAdapter:
             if now - self._idle_checked.get(slot, -math.inf) >= min(min_idle / 2, 1.0):
                 self._idle_checked[slot] = now
                 idle_ms = max(int(min_idle * 1000), 1)
-        args: list[Any] = [consumer, idle_ms, REQUEUE_CONSUMER, _SCAN, record_prefix, len(groups)]
         want = max(count, self.read_ahead)
-        for group in groups:
-            # Also in a pool's group: the facade offers a member's read-ahead entries to
-            # the other members through the index (Queue._claim_read_ahead).
-            args += [group, want, len(acks[group]), *acks[group]]
+        slots = [(key, group, consumer) for group in groups]
+
+        def read() -> Any:
+            args: list[Any] = [consumer, idle_ms, REQUEUE_CONSUMER, _SCAN, record_prefix]
+            args.append(len(groups))
+            with self._lock:
+                afters = [self._reread_from(slot) for slot in slots]
+            for group, after in zip(groups, afters, strict=True):
+                # Also in a pool's group: the facade offers a member's read-ahead entries
+                # to the other members through the index (Queue._claim_read_ahead).
+                args += [group, want, after, len(acks[group]), *acks[group]]
+            return self._marking_lost(slots, lambda: self._direct.run(self._receive, [key], args))
+
         try:
-            rows: Any = self._call(lambda: self._direct.run(self._receive, [key], args))
+            rows, reread = self._call(read)
         except BaseException:
             for group, refs in acks.items():
                 if refs:
                     self._hold_acks(key, group, refs)
             raise
+        with self._lock:
+            for number in reread:
+                self._lost.discard(slots[int(number) - 1])
         got = [r for r in (self._row(key, groups, row) for row in rows) if r is not None]
+        self._saw(key, consumer, got)
         if len(got) > count:
             with self._lock:
                 slot = (key, got[0].group, consumer)
@@ -559,14 +480,16 @@ class RedisStreamsAdapter:
         """One row of the receive script as a :class:`Received` (None: the entry is gone)."""
         ref, group = _text(row[0]), groups[int(row[2]) - 1]
         how = int(row[1])
+        if how == 3:  # read again after a lost reply: the application never saw it
+            how = 1
         if len(row) == 4:  # not an iqbridge entry: every field as it is
-            env, adopted = decode_fields(key, ref, _pairs(row[3]))
+            env, adopted = decode_fields(key, ref, pairs(row[3]))
             return Received(ref, group, env, adopted, delivery_count=how)
         try:
             # Bytes that are not UTF-8 in a field become U+FFFD, as decode_fields does.
             meta = orjson.loads(bytes(row[4]).decode("utf-8", "replace"))
             text: dict[str, str] = meta["f"]
-            env = _envelope(bytes(row[3]), text)
+            env = envelope_of(bytes(row[3]), text)
         except (ValueError, TypeError, KeyError):
             # Not the JSON the script writes (should not happen): read the entry as it is.
             found: Any = self._call(lambda: self._r.xrange(key, ref, ref))
@@ -575,7 +498,7 @@ class RedisStreamsAdapter:
             env, adopted = decode_fields(key, ref, found[0][1])
             return Received(ref, group, env, adopted, delivery_count=how)
         rec = meta.get("r")
-        record = _record(env.msg_id, rec) if rec else None
+        record = record_of(env.msg_id, rec) if rec else None
         return Received(ref, group, env, delivery_count=how, record=record)
 
     # --- one round trip with the Redis index on the same server (Colocated) -----------
@@ -767,24 +690,21 @@ class RedisStreamsAdapter:
         return f"<RedisStreamsAdapter {self.url}>"
 
 
-def _pairs(flat: Sequence[Any]) -> dict[bytes, bytes]:
-    """A Lua script's flat [field, value, ...] reply as a dict."""
-    return {bytes(flat[i]): bytes(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-
 def _server(client: redis.Redis) -> tuple[object, ...]:
     """Where a client connects: host, port, unix socket path and database."""
     kw = client.connection_pool.connection_kwargs
     return (kw.get("host"), kw.get("port"), kw.get("path"), int(kw.get("db") or 0))
 
 
-def _record(msg_id: str, flat: Sequence[Any]) -> MessageRecord | None:
-    """An index record read by the receive script ([v, s, n, r], JSON false for a field
-    that is missing), or None if it has none."""
-    v, seq, native, body = flat
-    if not v or not body:
-        return None
-    return record_from_json(msg_id, body, version=int(v), seq=int(seq), native_ref=native or None)
+def _id_key(ref: str) -> tuple[int, int]:
+    """A stream entry id as a sortable pair."""
+    ms, _, seq = ref.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _now(fn: Callable[[], T]) -> T:
+    """``fn()`` as it is: inside a retried call, a failure is the call's to retry."""
+    return fn()
 
 
 def _text(value: Any) -> str:

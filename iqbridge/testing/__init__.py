@@ -28,6 +28,11 @@ a backend's test module only subclasses them and says how to open a fresh backen
   ``iq_hub("redis")`` and the other ``iq_*`` fixtures for users' own tests on every
   broker, with :mod:`iqbridge.testing.servers` finding or starting the brokers
   (docs/testing.md).
+* :mod:`iqbridge.testing.proxy` -- :class:`~iqbridge.testing.proxy.FaultProxy`, a TCP
+  proxy that resets connections to a broker on demand, on a schedule, or in the middle
+  of a request, for tests of what a lost connection does.
+* :mod:`iqbridge.testing.fakes` -- faithful in-process fakes of IBM MQ's and
+  python-oracledb's clients, with faults at a chosen call (``break_at``).
 
 The suites import pytest, which is a test extra; importing this package itself does not.
 """

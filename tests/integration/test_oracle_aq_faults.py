@@ -15,12 +15,15 @@ exception kept as its cause, never a raw driver error; the password appears nowh
 * the queue was dropped behind the hub's back (ORA-24010): UnknownQueueError naming the
   queue and how to create it
 * a payload over AQ's RAW limit: MessageTooLarge
+* a connection lost in the commit of a put: the put stands if the database committed
+  (found in the queue table by msgid), else it raises and its repeat enqueues it once
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -205,3 +208,43 @@ def test_read_many_keeps_a_plain_producers_priority(fake_oracle: fake_oracledb.D
         assert env is not None and env.priority == 9 - 1
         (entry,) = adapter.entries("orders")
         assert entry.envelope is not None and entry.envelope.priority == env.priority
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_put_whose_commit_loses_its_connection_leaves_one_copy(
+    fake_oracle: fake_oracledb.Database, tmp_path: Path, applied: bool
+) -> None:
+    """The connection is lost in the commit of a put of 20 messages (msg_ids, as a bridge
+    puts; the index apart from Oracle), after the database committed (the reply lost) or
+    before. Like a bridge, the caller repeats a put that raised. Counted in the queue
+    table with the driver itself: each message once per group, and a subscriber gets them
+    in put order. Before the fix the committed put raised BrokerUnavailable, its repeat
+    enqueued all 20 again: two copies of each for a plain AQ consumer."""
+    with iqbridge.connect(URL, index=f"sqlite:///{tmp_path / 'index.db'}") as hub:
+        q = hub.queue("orders")
+        q.subscribe("a", "b")
+        adapter = hub.adapter
+        assert isinstance(adapter, OracleAQAdapter)
+        ids = [f"doubt-{i}" for i in range(20)]
+        fake_oracle.break_at("commit", applied=applied)
+        raised = 0
+        for _ in range(3):
+            try:
+                q.put_many([b"%d" % i for i in range(20)], msg_ids=ids)
+                break
+            except BrokerUnavailable:
+                raised += 1
+        assert not fake_oracle.breaks
+        plain = fake_oracledb.connect(user="iq", password=PASSWORD, dsn="oracle.test/FREEPDB1")
+        name = adapter.queue_name("orders")
+        cur = plain.cursor()
+        cur.execute(f"SELECT msg_id, consumer_name FROM AQ${name}_QT WHERE queue = :q", {"q": name})
+        rows = cur.fetchall()
+        assert len({msgid for msgid, _ in rows}) == 20, f"{len(rows)} rows for 20 messages"
+        assert len(rows) == 40  # one per message and group
+        assert raised == (0 if applied else 1)
+        got = []
+        while (d := q.get("a")) is not None:
+            got.append(d.msg_id)
+            d.done()
+        assert got == ids

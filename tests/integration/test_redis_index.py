@@ -12,16 +12,13 @@
 * A put through a broker apart from the index is not declared unusable while its
   payload's reference is still on its way to the index.
 
-Faults are made by a small TCP proxy in front of Redis that drops a connection at the
-chosen moment; nothing is mocked.
+Faults are made by a TCP proxy in front of Redis (:class:`~iqbridge.testing.proxy.FaultProxy`)
+that resets a connection at the chosen moment; nothing is mocked.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,88 +34,13 @@ from iqbridge.states import SubscriberState
 from iqbridge.stores.base import StaleRecord
 from iqbridge.stores.redis import RedisStore
 from iqbridge.testing import FakeClock
+from iqbridge.testing.proxy import FaultProxy
 from tests.redis_index_helpers import REDIS_URL, drop_streams, fresh_prefix
 
 pytestmark = pytest.mark.redis
 
 T0 = 1_800_000_000_000_000
 S = SubscriberState
-
-
-class DroppingProxy:
-    """A TCP proxy to Redis that can lose one request or the reply to it.
-
-    ``arm(marker, lose="reply")``: the next request containing every byte string of
-    ``marker`` is passed on, and the connection closed when its reply comes back (the
-    client never reads it). ``lose="request"``: the request is never passed on.
-    """
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.lock = threading.Lock()
-        self.marker: tuple[bytes, ...] | None = None
-        self.lose = "reply"
-        self.dropped = 0
-        self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def arm(self, *marker: bytes, lose: str = "reply") -> None:
-        with self.lock:
-            self.marker, self.lose = marker, lose
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = self.listener.accept()
-                upstream = socket.create_connection(self.target)
-                with self.lock:
-                    self.socks += [client, upstream]
-                lost = threading.Event()
-                threading.Thread(
-                    target=self._up, args=(client, upstream, lost), daemon=True
-                ).start()
-                threading.Thread(
-                    target=self._down, args=(client, upstream, lost), daemon=True
-                ).start()
-
-    def _drop(self, *socks: socket.socket) -> None:
-        self.dropped += 1
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-    def _up(self, client: socket.socket, upstream: socket.socket, lost: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while data := client.recv(1 << 20):
-                with self.lock:
-                    hit = self.marker is not None and all(m in data for m in self.marker)
-                    if hit:
-                        self.marker = None
-                        lose = self.lose
-                if hit and lose == "request":
-                    self._drop(client, upstream)
-                    return
-                if hit:
-                    lost.set()
-                upstream.sendall(data)
-
-    def _down(self, client: socket.socket, upstream: socket.socket, lost: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while data := upstream.recv(1 << 20):
-                if lost.is_set():
-                    self._drop(client, upstream)
-                    return
-                client.sendall(data)
-
-    def close(self) -> None:
-        self.listener.close()
-        with self.lock:
-            for s in self.socks:
-                with contextlib.suppress(OSError):
-                    s.close()
 
 
 @pytest.fixture
@@ -128,9 +50,9 @@ def redis_prefix() -> Iterator[str]:
 
 
 @pytest.fixture
-def proxy() -> Iterator[DroppingProxy]:
+def proxy() -> Iterator[FaultProxy]:
     parts = redis.connection.parse_url(REDIS_URL)
-    p = DroppingProxy(parts.get("host", "127.0.0.1"), int(parts.get("port", 6379)))
+    p = FaultProxy(parts.get("host", "127.0.0.1"), int(parts.get("port", 6379)))
     yield p
     p.close()
 
@@ -178,13 +100,13 @@ def test_bad_options_are_configuration_errors(query: str, complaint: str) -> Non
         RedisStore.from_url(f"redis://127.0.0.1:1/0?{query}")
 
 
-def _proxied(redis_prefix: str, proxy: DroppingProxy) -> RedisStore:
+def _proxied(redis_prefix: str, proxy: FaultProxy) -> RedisStore:
     return RedisStore.from_url(f"redis://127.0.0.1:{proxy.port}/0?prefix={redis_prefix}")
 
 
 @pytest.mark.parametrize("lose", ["reply", "request"])
 def test_a_commit_whose_reply_or_request_is_lost_applies_exactly_once(
-    redis_prefix: str, store: RedisStore, proxy: DroppingProxy, lose: str
+    redis_prefix: str, store: RedisStore, proxy: FaultProxy, lose: str
 ) -> None:
     queue = "lost"
     via = _proxied(redis_prefix, proxy)
@@ -192,7 +114,7 @@ def test_a_commit_whose_reply_or_request_is_lost_applies_exactly_once(
         put = _new(queue, Audience((), (Pool("p", ["p1", "p2"]),)))
         proxy.arm(b"EVALSHA", put.msg_id.encode(), lose=lose)
         via.commit(put)
-        assert proxy.dropped == 1
+        assert proxy.cuts == 1
         assert put.record.seq == store.load(put.msg_id).seq
 
         rec = store.load(put.msg_id)
@@ -200,7 +122,7 @@ def test_a_commit_whose_reply_or_request_is_lost_applies_exactly_once(
         journal_before = len(store.journal(0, 100_000))
         proxy.arm(b"EVALSHA", put.msg_id.encode(), lose=lose)
         via.commit(claim)  # neither StaleRecord nor applied twice
-        assert proxy.dropped == 2
+        assert proxy.cuts == 2
     finally:
         via.close()
     assert store.load(put.msg_id) == claim.record
@@ -213,7 +135,7 @@ def test_a_commit_whose_reply_or_request_is_lost_applies_exactly_once(
 
 @pytest.mark.parametrize("lose", ["reply", "request"])
 def test_a_commit_each_whose_reply_or_request_is_lost_reports_what_applied_once(
-    redis_prefix: str, store: RedisStore, proxy: DroppingProxy, lose: str
+    redis_prefix: str, store: RedisStore, proxy: FaultProxy, lose: str
 ) -> None:
     """The retry reads the reply the script kept (reply lost) or runs it again (request
     lost): either way every flag is right, nothing applies twice, and a change without
@@ -252,7 +174,7 @@ def test_a_commit_each_whose_reply_or_request_is_lost_reports_what_applied_once(
     try:
         proxy.arm(b"EVALSHA", first.encode(), lose=lose)
         flags = via.commit_each(batch)
-        assert proxy.dropped == 1
+        assert proxy.cuts == 1
     finally:
         via.close()
     assert flags == [True, False, True, False, True, True]
@@ -321,7 +243,7 @@ def test_a_put_through_redis_streams_with_retain_keeps_the_copy_in_the_index(
 
 
 def test_a_purge_whose_reply_is_lost_reports_what_it_purged(
-    redis_prefix: str, store: RedisStore, proxy: DroppingProxy
+    redis_prefix: str, store: RedisStore, proxy: FaultProxy
 ) -> None:
     queue = "purged"
     ids = []
@@ -334,7 +256,7 @@ def test_a_purge_whose_reply_is_lost_reports_what_it_purged(
     try:
         proxy.arm(b"EVALSHA", f"p:{queue}/JOURNALLED".encode())
         gone = via.purge(queue, T0 + 1, limit=2)
-        assert proxy.dropped == 1
+        assert proxy.cuts == 1
     finally:
         via.close()
     assert [(p.msg_id, p.native_ref) for p in gone] == [(ids[0], "ref-0"), (ids[1], "ref-1")]

@@ -8,10 +8,11 @@
   out. Afterwards every put that returned is DONE exactly once for each subscriber (two
   pubsub subscribers and one member of a pool of two), according to the index journal,
   and was handed to each exactly once; nothing raised.
-* Lost replies, made by a proxy that drops the connection after Redis answered: an
-  ``XADD`` whose retry adds a second entry is still delivered once per member; an index
-  commit (claim, done) followed by another writer's move on the same message before the
-  retry is still recognised as applied.
+* Lost replies, made by a proxy that resets the connection after Redis answered: an
+  ``XADD`` whose reply is lost is not added again by the retry (it reads the stream back
+  first) and is delivered once per member; an index commit (claim, done) followed by
+  another writer's move on the same message before the retry is still recognised as
+  applied.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -36,8 +37,8 @@ from iqbridge import Pool, PublisherState
 from iqbridge.adapters.redis_streams import RedisStreamsAdapter
 from iqbridge.errors import BrokerUnavailable, ConnectionError
 from iqbridge.states import ActorKind, SubscriberState
+from iqbridge.testing.proxy import FaultProxy
 from tests.conftest import need_server
-from tests.integration.test_redis_index import DroppingProxy
 from tests.redis_index_helpers import REDIS_URL, drop_streams, fresh_prefix
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -132,26 +133,12 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
         srv.stop_all()
 
 
-class HookedProxy(DroppingProxy):
-    """A :class:`DroppingProxy` that runs ``on_drop`` once Redis has answered a lost
-    request, before the client finds its connection gone: another writer's move lands
-    between a commit and its retry."""
-
-    on_drop: Callable[[], None] | None = None
-
-    def _drop(self, *socks: socket.socket) -> None:
-        hook, self.on_drop = self.on_drop, None
-        if hook is not None:
-            hook()
-        super()._drop(*socks)
-
-
 @pytest.fixture
-def proxied() -> Iterator[tuple[HookedProxy, str, str]]:
+def proxied() -> Iterator[tuple[FaultProxy, str, str]]:
     """A proxy to the shared Redis; URLs through it and direct, on a fresh prefix."""
     parts = redis.connection.parse_url(REDIS_URL)
     with fresh_prefix("faults") as prefix:
-        proxy = HookedProxy(parts.get("host", "127.0.0.1"), int(parts.get("port", 6379)))
+        proxy = FaultProxy(parts.get("host", "127.0.0.1"), int(parts.get("port", 6379)))
         query = f"?prefix={prefix}&stream_prefix={prefix}:&retry_for=5"
         try:
             yield proxy, f"redis://127.0.0.1:{proxy.port}/0{query}", f"{REDIS_URL}{query}"
@@ -162,7 +149,7 @@ def proxied() -> Iterator[tuple[HookedProxy, str, str]]:
 
 @pytest.mark.parametrize("move", ["claim", "done"])
 def test_a_lost_index_reply_then_another_writer_is_still_recognised_as_applied(
-    proxied: tuple[HookedProxy, str, str], move: str
+    proxied: tuple[FaultProxy, str, str], move: str
 ) -> None:
     """The reply to subscriber a's claim (or DONE) is lost after Redis ran it, and b's DONE
     on the same message lands before a's retry: a's move applied once and is reported so
@@ -176,7 +163,7 @@ def test_a_lost_index_reply_then_another_writer_is_still_recognised_as_applied(
         msg_id = q.put("payload")
         b = q_other.get("b")
         assert b is not None
-        proxy.on_drop = b.done
+        proxy.on_cut = b.done
         if move == "claim":
             proxy.arm(b"EVALSHA", msg_id.encode(), b"FETCHED")
             a = q.get("a")
@@ -186,8 +173,8 @@ def test_a_lost_index_reply_then_another_writer_is_still_recognised_as_applied(
             assert a is not None
             proxy.arm(b"EVALSHA", msg_id.encode(), b"DONE")
         a.done()
-        assert proxy.dropped == 1
-        assert proxy.on_drop is None  # b's DONE landed in between
+        assert proxy.cuts == 1
+        assert proxy.on_cut is None  # b's DONE landed in between
         st = q.state(msg_id)
         assert st.publisher_state is PublisherState.JOURNALLED
         for name in ("a", "b"):
@@ -205,7 +192,7 @@ def test_a_lost_index_reply_then_another_writer_is_still_recognised_as_applied(
 
 
 def test_a_colocated_put_whose_reply_is_lost_is_applied_once(
-    proxied: tuple[HookedProxy, str, str],
+    proxied: tuple[FaultProxy, str, str],
 ) -> None:
     """With the index on the broker's server, a put is one script (records and entries
     together). Its reply is lost after Redis ran it: the retry finds the record under its
@@ -217,7 +204,7 @@ def test_a_colocated_put_whose_reply_is_lost_is_applied_once(
         q.subscribe("a")
         proxy.arm(b"EVALSHA", b"iq-id")
         msg_id = q.put({"n": 1})
-        assert proxy.dropped == 1
+        assert proxy.cuts == 1
         adapter = hub.adapter
         assert isinstance(adapter, RedisStreamsAdapter)
         with redis.Redis.from_url(REDIS_URL) as raw:
@@ -235,12 +222,13 @@ def test_a_colocated_put_whose_reply_is_lost_is_applied_once(
         assert q_other.get("a") is None
 
 
-def test_a_put_whose_xadd_reply_is_lost_is_delivered_once(
-    proxied: tuple[HookedProxy, str, str],
+def test_a_put_whose_xadd_reply_is_lost_adds_one_entry_and_is_delivered_once(
+    proxied: tuple[FaultProxy, str, str],
 ) -> None:
     """The index elsewhere (not co-located: record first, then XADD). Redis added the
-    entry, the reply was lost, the retry added a second one: the put returns once, and
-    each member gets the message once; the other entry is acknowledged."""
+    entry, the reply was lost: the retry reads the stream back from the put's time, finds
+    the entry by its iq-id and adds nothing (before the fix: a second entry of the one
+    message, which a plain Redis consumer reads twice); each member gets it once."""
     proxy, via_proxy, direct = proxied
     prefix = parse_qs(urlsplit(direct).query)["prefix"][0]
     index = f"{REDIS_URL}?prefix={prefix}"
@@ -251,14 +239,14 @@ def test_a_put_whose_xadd_reply_is_lost_is_delivered_once(
         q.subscribe_pool("p", ["p1", "p2"])
         proxy.arm(b"XADD", b"iq-id")
         msg_id = q.put({"n": 1})
-        assert proxy.dropped == 1
+        assert proxy.cuts == 1
         adapter = hub.adapter
         assert isinstance(adapter, RedisStreamsAdapter)
         key = adapter.key("orders")
         with redis.Redis.from_url(REDIS_URL) as raw:
             entries = raw.xrange(key)
-        assert len(entries) == 2  # the second entry of one message
-        assert {f[b"iq-id"] for _, f in entries} == {msg_id.encode()}
+        assert [f[b"iq-id"] for _, f in entries] == [msg_id.encode()]
+        assert hub.store.load(msg_id).native_ref == entries[0][0].decode()
         got: list[tuple[str, str]] = []
         for name, queue in (("a", q), ("b", q_other), ("p2", q), ("p1", q_other)):
             while (d := queue.get(name)) is not None:

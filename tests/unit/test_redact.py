@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import pytest
 
-from iqbridge.adapters import ibmmq_wire, kafka, oracle_aq, rabbitmq, redis_streams
+from iqbridge.adapters import ibmmq_wire, kafka_url, oracle_aq, rabbitmq_url, redis_streams
 from iqbridge.errors import ConfigurationError, IQError
 from iqbridge.redaction import (
     MASK,
@@ -77,10 +77,10 @@ def test_redact(url: str, safe: str) -> None:
 #: secret. A new option fails test_every_option_is_classified until it is listed here.
 OWN: dict[str, tuple[str, frozenset[str], set[str]]] = {
     # kind: (a URL of that kind, the options its module reads, the secret ones)
-    "kafka": ("kafka://127.0.0.1:9092", kafka._OWN_OPTIONS, set()),
+    "kafka": ("kafka://127.0.0.1:9092", kafka_url._OWN_OPTIONS, set()),
     "rabbitmq": (
         "amqp://guest@127.0.0.1:5672/%2F",
-        rabbitmq._OWN_OPTIONS | rabbitmq._PIKA_OPTIONS,
+        rabbitmq_url._OWN_OPTIONS | rabbitmq_url._PIKA_OPTIONS,
         {"ssl_options"},  # a dict literal that may hold the client key's password
     ),
     "redis_streams": ("redis://127.0.0.1:6379/0", redis_streams._OPTIONS, set()),

@@ -18,6 +18,9 @@ real queue manager does:
   an unknown channel with 2540, a wrong password or a user without authority with 2035
   MQRC_NOT_AUTHORIZED; a broken connection (:meth:`FakeQueueManager.break_connections`)
   fails every later call with 2009 MQRC_CONNECTION_BROKEN and backs out its unit of work;
+  :meth:`FakeQueueManager.break_at` breaks the connection that makes a chosen call next,
+  before the call reaches the queue manager or after it took effect (its reply lost: a
+  client's MQCMIT may fail with 2009 and yet have committed, as IBM documents for 2009);
 * local queues (2085 MQRC_UNKNOWN_OBJECT_NAME for others, 2152 for a bad name), created by
   :meth:`FakeQueueManager.define` or by PCF ``MQCMD_CREATE_Q`` (4001 when it exists) and
   removed by ``MQCMD_DELETE_Q``; ``MSGDLVSQ`` PRIORITY (the default: highest priority first,
@@ -49,7 +52,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -96,193 +98,15 @@ from iqbridge.testing.fakes.ibmmq_defs import (
     _fail,
     _text,
 )
-
-# --- the queue manager's state -----------------------------------------------------------
-
-_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._/%")
-
-
-@dataclass
-class _Msg:
-    seq: int
-    body: bytes
-    msg_id: bytes
-    correl_id: bytes
-    priority: int
-    persistence: int
-    fmt: bytes
-    expires: float | None
-    put_appl: bytes
-    put_date: bytes
-    put_time: bytes
-    props: dict[str, Any]
-    backout: int = 0
-    #: Who hides it: ("uow", hconn) for an uncommitted get or put, ("lock", handle id).
-    held: tuple[str, int] | None = None
-
-
-@dataclass
-class _LocalQueue:
-    name: str
-    backout_threshold: int = 0
-    boqname: str = ""
-    max_depth: int = 5000
-    max_msg_length: int = 4 * 1024 * 1024
-    fifo: bool = False
-    default_priority: int = 0
-    default_persistence: int = 1
-    msgs: list[_Msg] = field(default_factory=list)
-
-    def order(self) -> list[_Msg]:
-        if self.fifo:
-            return sorted(self.msgs, key=lambda m: m.seq)
-        return sorted(self.msgs, key=lambda m: (-m.priority, m.seq))
-
-
-class FakeQueueManager:
-    """One queue manager of the fake: its listener, users, authorities and queues.
-
-    For tests: :meth:`define` queues, :meth:`deny` authority, :meth:`stop` it,
-    :meth:`break_connections`, and look at :meth:`messages`."""
-
-    def __init__(self, name: str, host: str, port: int) -> None:
-        self.name = name
-        self.endpoint = (host, port)
-        self.cond = threading.Condition(threading.RLock())
-        self.running = True
-        self.channels = {"DEV.APP.SVRCONN", "DEV.ADMIN.SVRCONN", "SYSTEM.DEF.SVRCONN"}
-        #: user -> password; None: any user and password are accepted.
-        self.users: dict[str, str] | None = None
-        #: Users that may run PCF commands (create and delete queues).
-        self.admins: set[str] = {"admin", "mqm"}
-        #: (user, queue) pairs refused (queue "" refuses the connection itself).
-        self.denied: set[tuple[str, str]] = set()
-        self.queues: dict[str, _LocalQueue] = {}
-        self.uow: dict[int, list[tuple[str, _LocalQueue, _Msg]]] = {}
-        self.broken: set[int] = set()
-        self._seq = itertools.count(1)
-        self._ids = itertools.count(1)
-
-    # --- set-up for tests ---
-
-    def define(self, name: str, **attrs: Any) -> None:
-        """DEFINE QLOCAL(name) with attributes of :class:`_LocalQueue` (``backout_threshold``,
-        ``boqname``, ``max_depth``, ``max_msg_length``, ``fifo``); idempotent."""
-        with self.cond:
-            if name not in self.queues:
-                self.queues[name] = _LocalQueue(name, **attrs)
-
-    def deny(self, user: str, queue: str = "") -> None:
-        """Refuse ``user`` the queue (2035 at MQOPEN), or every connection (``queue=""``)."""
-        with self.cond:
-            self.denied.add((user, queue))
-
-    def stop(self) -> None:
-        """endmqm: connections fail with 2059 (new) or 2009 (open ones)."""
-        with self.cond:
-            self.running = False
-            self.broken.update(self.uow)
-            for hconn in list(self.uow):
-                self._back_out(hconn)
-            self.cond.notify_all()
-
-    def start(self) -> None:
-        """strmqm."""
-        with self.cond:
-            self.running = True
-
-    def break_connections(self) -> None:
-        """Every open connection breaks (a network cut or a killed client): their units of
-        work are backed out, and each later call on them fails with 2009."""
-        with self.cond:
-            for hconn in list(self.uow):
-                self._back_out(hconn)
-                self.broken.add(hconn)
-            self.cond.notify_all()
-
-    def messages(self, queue: str) -> list[tuple[bytes, dict[str, Any], int]]:
-        """(body, properties, backout count) of every committed message of a queue, in
-        delivery order (for tests)."""
-        with self.cond:
-            q = self.queues[queue]
-            return [(m.body, dict(m.props), m.backout) for m in q.order() if m.held is None]
-
-    # --- the MQI, inside ---
-
-    def new_hconn(self) -> int:
-        with self.cond:
-            hconn = next(self._ids)
-            self.uow[hconn] = []
-            return hconn
-
-    def check(self, hconn: int) -> None:
-        if hconn in self.broken:
-            raise _fail(CMQC.MQRC_CONNECTION_BROKEN)
-        if hconn not in self.uow:
-            raise _fail(CMQC.MQRC_HCONN_ERROR)
-        if not self.running:
-            raise _fail(CMQC.MQRC_CONNECTION_BROKEN)
-
-    def queue(self, name: str) -> _LocalQueue:
-        if not name or len(name) > 48 or not set(name) <= _NAME_CHARS:
-            raise _fail(CMQC.MQRC_OBJECT_NAME_ERROR)
-        q = self.queues.get(name)
-        if q is None:
-            raise _fail(CMQC.MQRC_UNKNOWN_OBJECT_NAME)
-        return q
-
-    def new_msg_id(self) -> bytes:
-        return (b"AMQ " + self.name.encode()[:12].ljust(12) + next(self._seq).to_bytes(8, "big"))[
-            :24
-        ]
-
-    def next_seq(self) -> int:
-        return next(self._seq)
-
-    def commit(self, hconn: int) -> None:
-        for kind, q, msg in self.uow.get(hconn, []):
-            if kind == "get":
-                if msg in q.msgs:
-                    q.msgs.remove(msg)
-            else:
-                msg.held = None
-        if hconn in self.uow:
-            self.uow[hconn] = []
-        self.cond.notify_all()
-
-    def _back_out(self, hconn: int) -> None:
-        for kind, q, msg in self.uow.get(hconn, []):
-            if kind == "get":
-                msg.held = None
-                msg.backout += 1
-            elif msg in q.msgs:
-                q.msgs.remove(msg)
-        if hconn in self.uow:
-            self.uow[hconn] = []
-        self.cond.notify_all()
-
-    def back_out(self, hconn: int) -> None:
-        self._back_out(hconn)
-
-
-_registry: dict[str, FakeQueueManager] = {}
-_registry_lock = threading.Lock()
-
-
-def queue_manager(name: str = "QM1", host: str = "localhost", port: int = 1414) -> FakeQueueManager:
-    """The process's fake queue manager of that name, listening on ``host(port)`` (created
-    on first use)."""
-    with _registry_lock:
-        qm = _registry.get(name)
-        if qm is None:
-            qm = _registry[name] = FakeQueueManager(name, host, port)
-        return qm
-
-
-def reset() -> None:
-    """Forget every fake queue manager."""
-    with _registry_lock:
-        _registry.clear()
+from iqbridge.testing.fakes.ibmmq_qmgr import (
+    FakeQueueManager,
+    _LocalQueue,
+    _Msg,
+    _registry,
+    _registry_lock,
+    queue_manager,
+    reset,
+)
 
 
 def _parse_conn_name(conn_name: str) -> tuple[str, int]:
@@ -360,7 +184,7 @@ class QueueManager:
         qm = self._state()
         with qm.cond:
             qm.check(self._hconn)
-            qm.commit(self._hconn)
+            qm.tripped("commit", self._hconn, lambda: qm.commit(self._hconn))
 
     def backout(self) -> None:
         """MQBACK: gets return (BackoutCount + 1), puts vanish."""
@@ -576,11 +400,15 @@ class Queue:
                 ).encode(),
                 props=dict(props),
             )
-            if pmo.Options & CMQC.MQPMO_SYNCPOINT:
-                m.held = ("uow", hconn)
-                qm.uow[hconn].append(("put", q, m))
-            q.msgs.append(m)
-            qm.cond.notify_all()
+
+            def store() -> None:
+                if pmo.Options & CMQC.MQPMO_SYNCPOINT:
+                    m.held = ("uow", hconn)
+                    qm.uow[hconn].append(("put", q, m))
+                q.msgs.append(m)
+                qm.cond.notify_all()
+
+            qm.tripped("put", hconn, store)
 
     def _visible(self, q: _LocalQueue, m: _Msg, now: float) -> bool:
         if m.expires is not None and m.expires <= now:

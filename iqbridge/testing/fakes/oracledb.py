@@ -27,7 +27,9 @@ connection, each connection with its own uncommitted work, thread-safe:
   more than 1000 items fails with ORA-01795, as on a real server.
 * ``Database.stop()`` / ``start()``: the instance goes down (sessions gone, their
   uncommitted work rolled back: DPY-4011 on their next call, DPY-6005 on connect) and
-  comes back.
+  comes back. ``Database.break_at("commit", applied=...)``: the next commit of any
+  session loses its connection (DPY-4011, the session dead), before the database got it
+  (rolled back) or after it committed (the reply lost).
   AQ calls it does not model raise ``NotImplementedError``; other statements are SQL.
 * SQL, in the same database and transaction as the AQ work (exactly-once needs the
   index there): :mod:`~iqbridge.testing.fakes.oracledb_sql` says what (SQLite runs it
@@ -63,6 +65,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from iqbridge.testing.fakes.oracledb_aq import *  # noqa: F403 - the module's AQ names
+from iqbridge.testing.fakes.oracledb_aq import (
+    _STATE_NAMES,
+    DEQ_BROWSE,
+    DEQ_FIRST_MSG,
+    DEQ_IMMEDIATE,
+    DEQ_LOCKED,
+    DEQ_REMOVE_NODATA,
+    DEQ_WAIT_FOREVER,
+    ENQ_IMMEDIATE,
+    MSG_EXPIRED,
+    MSG_PROCESSED,
+    MSG_READY,
+    DeqOptions,
+    EnqOptions,
+    MessageProperties,
+)
 from iqbridge.testing.fakes.oracledb_sql import SqlCursor, SqlDatabase, SqlSession
 from iqbridge.testing.fakes.oracledb_types import *  # noqa: F403 - the module's DB-API names
 from iqbridge.testing.fakes.oracledb_types import (
@@ -92,33 +111,6 @@ __all__ = [
     "database",
     "reset",
 ]
-
-# --- constants, as src/oracledb/constants.py -------------------------------------------
-
-MSG_PERSISTENT = 1
-DEQ_BROWSE = 1
-DEQ_LOCKED = 2
-DEQ_REMOVE = 3
-DEQ_REMOVE_NODATA = 4
-DEQ_FIRST_MSG = 1
-DEQ_NEXT_TRANSACTION = 2
-DEQ_NEXT_MSG = 3
-DEQ_IMMEDIATE = 1
-DEQ_ON_COMMIT = 2
-DEQ_NO_WAIT = 0
-DEQ_WAIT_FOREVER = 2**32 - 1
-ENQ_IMMEDIATE = 1
-ENQ_ON_COMMIT = 2
-MSG_READY = 0
-MSG_WAITING = 1
-MSG_PROCESSED = 2
-MSG_EXPIRED = 3
-MSG_NO_DELAY = 0
-MSG_NO_EXPIRATION = -1
-
-_STATE_NAMES = {MSG_READY: "READY", MSG_WAITING: "WAIT", MSG_PROCESSED: "PROCESSED"}
-_STATE_NAMES[MSG_EXPIRED] = "EXPIRED"
-
 
 # --- the database ----------------------------------------------------------------------
 
@@ -189,6 +181,8 @@ class Database:
         self.sql: SqlDatabase = SqlDatabase()  # the tables (SQLite: oracledb_sql)
         self.up = True
         self.generation = 0
+        #: Calls that lose their connection next: call -> whether it took effect.
+        self.breaks: dict[str, bool] = {}
 
     def listen(self, host: str, port: int, service: str) -> None:
         """Accept connections to ``host:port/service``."""
@@ -215,6 +209,15 @@ class Database:
                             if c.attempts > q.max_retries:
                                 self._to_exception(q, m, name)
             self.cond.notify_all()
+
+    def break_at(self, call: str, *, applied: bool) -> None:
+        """The next ``call`` (``"commit"``) of any session loses the connection: DPY-4011,
+        the session is dead; ``applied``: the commit took effect first (its reply lost),
+        else its work is rolled back."""
+        if call != "commit":
+            raise ValueError(f"break_at knows commit, not {call!r}")
+        with self.cond:
+            self.breaks[call] = applied
 
     def start(self) -> None:
         """The instance is up again (with everything committed before the stop)."""
@@ -341,69 +344,6 @@ def connect(
         if not user or db.users.get(user.upper()) != password:
             raise _ora(1017, "invalid credential or not authorized; logon denied")
         return Connection(db, next(db._conn_ids), user.upper(), db.generation)
-
-
-class MessageProperties:
-    """Message properties, as ``oracledb.MessageProperties``."""
-
-    def __init__(self) -> None:
-        self.payload: Any = None
-        self.correlation: str | None = None
-        self.priority = 0
-        self.delay = MSG_NO_DELAY
-        self.expiration = MSG_NO_EXPIRATION
-        self.exceptionq: str | None = None
-        self.recipients: list[str] = []
-        self.deliverymode = MSG_PERSISTENT
-        self._msgid: bytes | None = None
-        self._attempts = 0
-        self._enqtime: datetime.datetime | None = None
-        self._state = MSG_READY
-
-    @property
-    def msgid(self) -> bytes | None:
-        """The message id the database gave (16 bytes)."""
-        return self._msgid
-
-    @property
-    def attempts(self) -> int:
-        """How often a dequeue of the message was rolled back."""
-        return self._attempts
-
-    @property
-    def enqtime(self) -> datetime.datetime | None:
-        """When it was enqueued."""
-        return self._enqtime
-
-    @property
-    def state(self) -> int:
-        """MSG_READY, MSG_WAITING, MSG_PROCESSED or MSG_EXPIRED."""
-        return self._state
-
-
-class DeqOptions:
-    """Dequeue options, as ``oracledb.DeqOptions``."""
-
-    def __init__(self) -> None:
-        self.mode = DEQ_REMOVE
-        self.navigation = DEQ_NEXT_MSG
-        self.visibility = DEQ_ON_COMMIT
-        self.wait = DEQ_WAIT_FOREVER
-        self.consumername: str | None = None
-        self.msgid: bytes | None = None
-        self.correlation: str | None = None
-        self.condition: str | None = None
-        self.deliverymode = MSG_PERSISTENT
-        self.transformation: str | None = None
-
-
-class EnqOptions:
-    """Enqueue options, as ``oracledb.EnqOptions``."""
-
-    def __init__(self) -> None:
-        self.visibility = ENQ_ON_COMMIT
-        self.deliverymode = MSG_PERSISTENT
-        self.transformation: str | None = None
 
 
 def _like(pattern: str, value: str | None) -> bool:
@@ -756,7 +696,15 @@ class Connection:
     def commit(self) -> None:
         """Make this session's SQL work, enqueues and removals permanent; release its
         locks."""
-        self._end(commit=True)
+        db = self._live()
+        with db.cond:
+            applied = db.breaks.pop("commit", None)
+        if applied is None:
+            self._end(commit=True)
+            return
+        self._end(commit=applied)
+        self._generation = -1  # the session is gone with its connection
+        self._live()  # DPY-4011
 
     def rollback(self) -> None:
         """Undo this session's SQL work and enqueues; give back what it dequeued

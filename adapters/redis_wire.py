@@ -1,0 +1,228 @@
+"""The wire format of the Redis Streams adapter (how an envelope travels in a stream
+entry's fields) and the receive script, for :mod:`iqbridge.adapters.redis_streams`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from iqbridge.ids import adopted_id
+from iqbridge.model import Envelope, MessageRecord
+from iqbridge.stores.codec import record_from_json
+
+__all__ = [
+    "RECEIVE_SCRIPT",
+    "decode_fields",
+    "encode_fields",
+    "envelope_of",
+    "pairs",
+    "record_of",
+]
+
+_PAYLOAD = b"payload"
+_H = "iq-h-"
+
+#: One round trip per receive, over one or more groups in order until one has entries:
+#: per group, entries a read whose reply was lost moved to this consumer (with an id
+#: after the given one: ``XREADGROUP`` of the consumer's own pending entries) first, then
+#: entries given back to it (held by the reserved requeue consumer), then entries idle
+#: for ``min_idle`` (a crashed consumer's), then new ones. Entries
+#: addressed (``iq-to``) to other groups only are acknowledged for the group on the way
+#: and never leave the server. Held acknowledgements of each group go first. With a
+#: record prefix (the Redis index on the same server), each entry's index record is read
+#: too. Returns rows [id, how, group number, payload, JSON {"f": other fields, "r":
+#: record {v, s, n, r} or false}] for iqbridge entries and [id, how, group number, flat
+#: fields] for others (a legacy producer's); how = 1 for a first delivery, 2 for a
+#: redelivery, 3 for one read again after a lost reply. The reply is {rows, numbers of
+#: the groups whose pending entries were read again to their end}.
+#:
+#: ARGV: consumer, idle ms, requeue consumer, scan limit, record prefix ("" for none),
+#: number of groups, then per group: name, count, the id after which to read its own
+#: pending entries again ("" for none), number of acks, the acks.
+RECEIVE_SCRIPT = """
+local key = KEYS[1]
+local consumer, idle, requeue = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local scan, rp, ngroups = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local groups, counts, afters = {}, {}, {}
+local a = 7
+for g = 1, ngroups do
+  groups[g], counts[g], afters[g] = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
+  local nacks = tonumber(ARGV[a + 3])
+  a = a + 4
+  if nacks > 0 then
+    redis.call('XACK', key, groups[g], unpack(ARGV, a, a + nacks - 1))
+  end
+  a = a + nacks
+end
+local out, reread = {}, {}
+local function field(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then
+      return fields[i + 1]
+    end
+  end
+  return nil
+end
+for g = 1, ngroups do
+  local group, count, got = groups[g], counts[g], 0
+  local function take(entries, how)
+    for _, e in ipairs(entries) do
+      local fields = e[2]
+      if type(fields) == 'table' then
+        local to = field(fields, 'iq-to')
+        if to == nil or string.find(' ' .. to .. ' ', ' ' .. group .. ' ', 1, true) then
+          local id = field(fields, 'iq-id')
+          if id then
+            -- An iqbridge entry: the payload as it is, everything else in one JSON
+            -- text (a few reply elements instead of two per field).
+            local meta, body = {}, ''
+            for i = 1, #fields, 2 do
+              if fields[i] == 'payload' then
+                body = fields[i + 1]
+              else
+                meta[fields[i]] = fields[i + 1]
+              end
+            end
+            local rec = false
+            if rp ~= '' then
+              rec = redis.call('HMGET', rp .. 'm:' .. id, 'v', 's', 'n', 'r')
+            end
+            out[#out + 1] = {e[1], how, g, body, cjson.encode({f = meta, r = rec})}
+          else
+            out[#out + 1] = {e[1], how, g, fields}
+          end
+          got = got + 1
+        else
+          redis.call('XACK', key, group, e[1])
+        end
+      end
+    end
+  end
+  if afters[g] ~= '' then
+    local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+      'STREAMS', key, afters[g])
+    local entries = reply and reply[1][2] or {}
+    take(entries, 3)
+    if #entries < count then
+      reread[#reread + 1] = g
+    end
+  end
+  local pending = {}
+  if got < count then
+    pending = redis.call('XPENDING', key, group, '-', '+', count - got, requeue)
+  end
+  if #pending > 0 then
+    local ids = {}
+    for i, row in ipairs(pending) do ids[i] = row[1] end
+    take(redis.call('XCLAIM', key, group, consumer, 0, unpack(ids)), 2)
+  end
+  if idle > 0 and got < count then
+    take(redis.call('XAUTOCLAIM', key, group, consumer, idle, '0-0', 'COUNT', count - got)[2], 2)
+  end
+  local scanned = 0
+  while got < count and scanned < scan do
+    local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count - got,
+      'STREAMS', key, '>')
+    if not reply then break end
+    local entries = reply[1][2]
+    if #entries == 0 then break end
+    scanned = scanned + #entries
+    take(entries, 1)
+  end
+  if got > 0 then
+    break
+  end
+end
+return {out, reread}
+"""
+
+
+def encode_fields(env: Envelope) -> dict[str, bytes | str]:
+    """The stream entry for an envelope: the payload unchanged in ``payload``."""
+    fields: dict[str, bytes | str] = {
+        "payload": env.body,
+        "iq-id": env.msg_id,
+        "iq-ct": env.content_type,
+        "iq-pub": env.publisher,
+        "iq-prio": str(env.priority),
+        "iq-at": str(env.put_at),
+    }
+    if env.correlation_id is not None:
+        fields["iq-corr"] = env.correlation_id
+    if env.ordering_key:
+        fields["iq-key"] = env.ordering_key
+    if env.parents:
+        fields["iq-parents"] = json.dumps(list(env.parents))
+    if env.groups:
+        fields["iq-to"] = " ".join(env.groups)
+    for name, value in env.headers.items():
+        fields[f"{_H}{name}"] = value
+    return fields
+
+
+def decode_fields(stream: str, ref: str, raw: dict[bytes, bytes]) -> tuple[Envelope, bool]:
+    """The envelope of a stream entry, and whether it was adopted (no ``iq-id``)."""
+    if b"iq-id" not in raw:
+        return _adopt(stream, ref, raw), True
+    text = {
+        k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
+        for k, v in raw.items()
+        if k != _PAYLOAD
+    }
+    return envelope_of(raw.get(_PAYLOAD, b""), text), False
+
+
+def envelope_of(body: bytes, text: dict[str, str]) -> Envelope:
+    """The envelope of an iqbridge entry from its payload and its other fields as text."""
+    get = text.get
+    try:
+        priority = int(get("iq-prio", "4"))
+        put_at = int(get("iq-at", "0"))
+        parents = tuple(str(p) for p in json.loads(get("iq-parents", "[]")))
+    except (ValueError, TypeError):
+        priority, put_at, parents = 4, 0, ()
+    return Envelope(
+        msg_id=text["iq-id"],
+        body=body,
+        content_type=get("iq-ct", "application/octet-stream"),
+        headers={k[len(_H) :]: v for k, v in text.items() if k.startswith(_H)},
+        publisher=get("iq-pub", ""),
+        correlation_id=get("iq-corr"),
+        priority=priority,
+        ordering_key=get("iq-key", ""),
+        parents=parents,
+        put_at=put_at,
+        groups=tuple(get("iq-to", "").split()),
+    )
+
+
+def _adopt(stream: str, ref: str, raw: dict[bytes, bytes]) -> Envelope:
+    """A legacy producer's entry: payload from ``payload``, its only field, or all fields."""
+    if _PAYLOAD in raw:
+        body, ctype = raw[_PAYLOAD], "application/octet-stream"
+    elif len(raw) == 1:
+        body, ctype = next(iter(raw.values())), "application/octet-stream"
+    else:
+        obj = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in raw.items()}
+        body, ctype = json.dumps(obj, sort_keys=True).encode(), "application/json"
+    return Envelope(
+        msg_id=adopted_id("redis-streams", stream, ref),
+        body=body,
+        content_type=ctype,
+        publisher="(legacy)",
+    )
+
+
+def pairs(flat: Sequence[Any]) -> dict[bytes, bytes]:
+    """A Lua script's flat [field, value, ...] reply as a dict."""
+    return {bytes(flat[i]): bytes(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def record_of(msg_id: str, flat: Sequence[Any]) -> MessageRecord | None:
+    """An index record read by the receive script ([v, s, n, r], JSON false for a field
+    that is missing), or None if it has none."""
+    v, seq, native, body = flat
+    if not v or not body:
+        return None
+    return record_from_json(msg_id, body, version=int(v), seq=int(seq), native_ref=native or None)
