@@ -82,7 +82,9 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from iqbridge.batch import Batch
 from iqbridge.delivery import Delivery
+from iqbridge.durations import seconds, to_seconds
 from iqbridge.errors import ConcurrentUpdate, InvalidArgument, IQError, LeaseLost
 from iqbridge.errors import ConnectionError as IQConnectionError
 from iqbridge.states import SubscriberState
@@ -98,6 +100,9 @@ _REASON_MAX = 1000
 #: Errors worth trying again: the store or broker may be back in a moment.
 _TRANSIENT = (IQConnectionError, ConcurrentUpdate)
 _MOVE_TRIES = 5
+#: Held messages given back in one index commit when a worker stops without draining.
+_GIVE_BACK_CHUNK = 500
+_STOPPING = "worker stopping"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +114,7 @@ class WorkerStats:
     (handler calls after a failure). ``in_flight`` messages are in the handler now;
     ``held`` are fetched and not finished (waiting for their key or in process). ``lost``
     deliveries were dropped because their lease was taken over (``LeaseLost``).
+    ``released`` were given back unfinished by a stop without draining.
     ``started_at`` is when :meth:`Worker.start` ran (UTC); ``elapsed`` is seconds since
     then, up to the end of :meth:`Worker.stop`.
     """
@@ -122,6 +128,7 @@ class WorkerStats:
     started_at: datetime | None = None
     elapsed: float = 0.0
     lost: int = 0
+    released: int = 0
 
 
 class _Held:
@@ -164,10 +171,8 @@ class Worker:
     ) -> None:
         if threads < 1:
             raise InvalidArgument(f"threads must be at least 1, got {threads}")
-        if lease is not None and lease <= 0:
-            raise InvalidArgument(f"lease must be positive, got {lease}")
-        if poll <= 0:
-            raise InvalidArgument(f"poll must be positive, got {poll}")
+        lease = to_seconds(lease, "lease", positive=True)
+        poll = seconds(poll, "poll", positive=True)
         if max_held < 1:
             raise InvalidArgument(f"max_held must be at least 1, got {max_held}")
         if batch < 1:
@@ -205,6 +210,7 @@ class Worker:
         self._unusable = 0
         self._retried = 0
         self._lost = 0
+        self._released = 0
         self._in_flight = 0
         self._started_at: datetime | None = None
         self._started_mono = 0.0
@@ -231,6 +237,7 @@ class Worker:
                 started_at=self._started_at,
                 elapsed=end - self._started_mono if self._started_at is not None else 0.0,
                 lost=self._lost,
+                released=self._released,
             )
 
     def start(self) -> None:
@@ -252,21 +259,30 @@ class Worker:
             t.start()
         self._heartbeat.start()
 
-    def stop(self, *, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop fetching and wait up to ``timeout`` seconds (default: no limit) for the
-        threads to end.
-
-        ``drain=True`` finishes every held message first; ``drain=False`` finishes only
-        the messages in process and gives the others back. If the timeout passes, the
-        threads go on in the background (they are daemon threads) and a warning is
-        logged. Re-raises an unexpected error that ended a worker thread.
-        """
+    def request_stop(self, *, drain: bool = True) -> None:
+        """Begin stopping as :meth:`stop` does, and return at once: a :meth:`run` in
+        another thread returns when the worker has stopped. ``drain=False`` wins over
+        an earlier ``drain=True``."""
         self._stopping.set()
         if not drain:
             self._abandon.set()
         with self._changed:
             self._changed.notify_all()
         self.queue.hub.notify()
+
+    def stop(self, *, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop fetching and wait up to ``timeout`` seconds (default: no limit) for the
+        threads to end.
+
+        ``drain=True`` finishes every held message first; ``drain=False`` finishes only
+        the messages in process and gives the others back at once (a key's waiting
+        messages right after its message in process ends, so they go back in order).
+        If the timeout passes, the threads go on in the background (they are daemon
+        threads) and a warning is logged. Re-raises an unexpected error that ended a
+        worker thread.
+        """
+        timeout = to_seconds(timeout, "timeout")
+        self.request_stop(drain=drain)
         deadline = None if timeout is None else time.monotonic() + timeout
         me = threading.current_thread()
         for t in [*self._workers, *([self._heartbeat] if self._heartbeat else [])]:
@@ -298,8 +314,7 @@ class Worker:
                 raise InvalidArgument(f"max_messages must be at least 1, got {max_messages}")
             with self._lock:
                 self._budget = self._fetched + max_messages
-        if until_idle is not None and until_idle < 0:
-            raise InvalidArgument(f"until_idle must not be negative, got {until_idle}")
+        until_idle = to_seconds(until_idle, "until_idle")
         if self._started_at is None:
             self.start()
         try:
@@ -329,7 +344,8 @@ class Worker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop(drain=True)
+        # An exception (Ctrl-C included) ending the block must not wait for the backlog.
+        self.stop(drain=exc_type is None)
 
     # --- worker threads ----------------------------------------------------------------
 
@@ -377,16 +393,17 @@ class Worker:
     def _take_ready(self) -> _Held | None:
         """A message fetched with a batch whose key was free: it waits for a thread.
         Stopping without draining, such messages (and their keys' queues) are given back."""
-        while True:
-            with self._changed:
-                if not self._ready:
-                    return None
+        with self._changed:
+            if not self._ready:
+                return None
+            if not self._abandon.is_set():
+                return self._ready.popleft()
+            rest: list[_Held] = []
+            while self._ready:
                 held = self._ready.popleft()
-                if not self._abandon.is_set():
-                    return held
-                rest = [held, *self._keys.pop(held.key, ())]
-            for item in rest:
-                self._give_back(item)
+                rest += [held, *self._keys.pop(held.key, ())]
+        self._give_back(rest)
+        return None
 
     def _fetch_batch(self) -> tuple[_Held | None, bool]:
         """Claim a batch (holding the fetch mutex) and hand its messages to their keys:
@@ -438,8 +455,7 @@ class Worker:
                         self._ready.append(held)
                 self._last_activity = time.monotonic()
                 self._changed.notify_all()
-            for held in back:
-                self._give_back(held)
+            self._give_back(back)
             if mine is not None:
                 return mine, True
         return None, True
@@ -463,8 +479,7 @@ class Worker:
                         del self._keys[key]
                         owned = False
                         current = None
-                for item in leftovers:
-                    self._give_back(item)
+                self._give_back(leftovers)
         except BaseException:
             # Leave nothing stranded behind a key nobody will serve: give it back in order.
             # Abandon in the same critical section that frees the key, so a thread whose
@@ -476,8 +491,7 @@ class Worker:
                 rest = [current] if current is not None else []
                 if owned:
                     rest.extend(self._keys.pop(key, ()))
-            for item in rest:
-                self._give_back(item)
+            self._give_back(rest)
             raise
 
     def _handle(self, held: _Held) -> None:
@@ -517,7 +531,9 @@ class Worker:
                         type(exc).__name__,
                     )
                     if self._abandon.wait(policy.delay(tries)):
-                        self._move(held, lambda: d.release(reason="worker stopping"), final=True)
+                        if self._move(held, lambda: d.release(reason=_STOPPING), final=True):
+                            with self._lock:
+                                self._released += 1
                         return
                     tries += 1
                     continue
@@ -604,11 +620,54 @@ class Worker:
         with self._lock:
             self._lost += 1
 
-    def _give_back(self, held: _Held) -> None:
-        d = held.delivery
-        self._move(held, lambda: d.release(reason="worker stopping"), final=True)
+    def _give_back(self, items: list[_Held]) -> None:
+        """Give held messages that never started back at once: AVAILABLE again (attempt
+        + 1, reason ``worker stopping``), a whole chunk in one index commit. Whatever
+        cannot be given back is left to its lease, which brings it back the same way."""
+        if not items:
+            return
+        todo: list[_Held] = []
+        for held in items:
+            with held.lock:
+                if not held.finished:
+                    held.finished = True  # the heartbeat leaves it alone from now on
+                    todo.append(held)
+        for start in range(0, len(todo), _GIVE_BACK_CHUNK):
+            self._release_all(todo[start : start + _GIVE_BACK_CHUNK])
         with self._changed:
-            self._forget(held)
+            for held in items:
+                self._forget(held)
+
+    def _release_all(self, chunk: list[_Held]) -> None:
+        batch = Batch(self.queue, [held.delivery for held in chunk])
+        for d in batch:
+            batch.release(d, reason=_STOPPING)
+        for i in range(_MOVE_TRIES):
+            try:
+                settled = batch.done()
+                break
+            except _TRANSIENT as exc:
+                if i < _MOVE_TRIES - 1:
+                    log.warning("%s: giving back failed (%s); retrying", self.name, exc)
+                    time.sleep(0.1 * 2**i)
+                    continue
+                why: IQError = exc
+            except IQError as exc:
+                why = exc
+            log.error(
+                "%s: could not give back %d message(s) (%s: %s); they return when their "
+                "lease runs out",
+                self.name,
+                len(chunk),
+                type(why).__name__,
+                why,
+            )
+            return
+        for msg_id, reason in settled.lost.items():
+            log.warning("%s: message %s dropped: %s", self.name, msg_id, reason)
+        with self._lock:
+            self._released += len(settled.released)
+            self._lost += len(settled.lost)
 
     def _forget(self, held: _Held) -> None:
         """Drop a finished message from the held set (caller holds ``self._lock``)."""
