@@ -160,7 +160,8 @@ def _abandon(cfg: Settings, stats: "WorkerStats") -> NoReturn:
     stays FETCHED or IN_PROCESS in the index and comes back when its lease runs out."""
     cfg.err.print(
         f"iq: error: stopped at once; {stats.held} message(s) still held come back when "
-        "their lease runs out"
+        "their lease runs out",
+        soft_wrap=True,
     )
     sys.stdout.flush()
     sys.stderr.flush()
