@@ -19,7 +19,8 @@ handled one at a time, in the order the worker fetched them, while different key
 parallel::
 
     with Worker(queue, "billing", handle, threads=8):
-        ...                                  # runs until the block ends (drains)
+        ...                                  # runs until the block ends (drains,
+                                             # unless an exception ends the block)
 
     stats = Worker(queue, "billing", handle).run(until_idle=5.0)
 
@@ -62,12 +63,14 @@ same subscriber, order holds only as far as gets happen to claim in order; a los
 Stopping. ``stop(drain=True)`` stops fetching and finishes every held message (in-place
 retries included; pass a timeout to bound the wait).
 ``stop(drain=False)`` stops fetching, lets messages in process finish and gives held but
-unstarted messages back (``release(reason="worker stopping")``, AVAILABLE again with
-attempt + 1). A key's waiting messages are given back right after its message in process
-finishes, so whoever gets them next still sees that key in order; a message waiting for
-an in-place retry is given back at once. ``run()`` stops by itself when idle for
-``until_idle`` seconds, after ``max_messages`` messages, on ``stop()`` from another
-thread, or on Ctrl-C (which stops without draining).
+unstarted messages back at once, many in one index commit (released with reason
+``worker stopping``: AVAILABLE again with attempt + 1, for the next consumer now rather
+than after their lease). A key's waiting messages are given back right after its message
+in process finishes, so whoever gets them next still sees that key in order; a message
+waiting for an in-place retry is given back at once. ``request_stop()`` begins either
+stop and returns. ``run()`` stops by itself when idle for ``until_idle`` seconds, after
+``max_messages`` messages, on ``stop()`` from another thread, or on Ctrl-C (which stops
+without draining); a ``with`` block ended by an exception stops without draining too.
 """
 
 from __future__ import annotations

@@ -510,6 +510,31 @@ def test_stop_with_drain_finishes_held_and_fetches_no_more(hub: iqbridge.Hub) ->
         worker.start()
 
 
+def test_a_block_ended_by_an_exception_stops_without_draining(hub: iqbridge.Hub) -> None:
+    """Ctrl-C inside ``with Worker(...)``: what is in process finishes, the backlog goes
+    back at once instead of being worked through first."""
+    queue = hub.queue("interrupted")
+    queue.put_many([{"key": "k", "seq": s} for s in range(20)], to=[SUB], ordering_key="k")
+    started = threading.Event()
+
+    def slow(payload: dict[str, object]) -> float:
+        started.set()
+        return 0.3
+
+    handler = Recorder(work=slow)
+    begin = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), Worker(queue, SUB, handler, threads=2, poll=0.05) as w:
+        wait_for(lambda: started.is_set() and w.stats.held == 20)
+        begin = time.monotonic()
+        raise KeyboardInterrupt
+    assert time.monotonic() - begin < 3
+    assert [c.seq for c in handler.calls] == [0]
+    stats = w.stats
+    assert (stats.done, stats.released, stats.held) == (1, 19, 0)
+    back = queue.search(state=S.AVAILABLE, subscriber=SUB, limit=100)
+    assert len(back) == 19
+
+
 def test_run_stops_after_max_messages(any_hub: iqbridge.Hub) -> None:
     queue = any_hub.queue("count")
     put_interleaved(queue, ["a", "b", "c"], per_key=10)
