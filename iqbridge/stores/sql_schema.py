@@ -103,9 +103,8 @@ def _number(opts: dict[str, str], name: str, default: float, redacted: str) -> f
     except ValueError:
         value = math.nan
     if not math.isfinite(value):
-        raise ConfigurationError(
-            f"option {name}={raw!r} of the SQL index {redacted} is not a finite number"
-        )
+        what = "is not a number" if math.isnan(value) else "is not finite"
+        raise ConfigurationError(f"option {name}={raw!r} of the SQL index {redacted} {what}")
     if value < 0 and name != "pool_recycle":
         raise ConfigurationError(f"option {name} of the SQL index {redacted} must not be negative")
     return value

@@ -25,7 +25,9 @@ from iqbridge.cli import app
 from iqbridge.durations import MAX_SECONDS, seconds, to_seconds
 from iqbridge.errors import ConfigurationError, InvalidArgument, IQError
 from iqbridge.outbox import Outbox
+from iqbridge.registry import url_number
 from iqbridge.relay import Relay
+from iqbridge.stores.sql_schema import parse_sql_url
 from iqbridge.worker import Worker
 
 NAN, INF = math.nan, math.inf
@@ -200,3 +202,15 @@ def test_the_command_line_refuses_the_same_values(tmp_path: Path, args: tuple[st
         assert hub.queue("orders").counts().subscribers["s"] == {
             iqbridge.SubscriberState.AVAILABLE: 1
         }
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1"])
+def test_url_options_in_seconds_refuse_what_is_not_a_duration(tmp_path: Path, value: str) -> None:
+    """A configuration error naming the option, not a driver's ValueError or
+    OverflowError, nor a timeout of nan handed to the driver."""
+    with pytest.raises(ConfigurationError, match="busy_timeout"):
+        iqbridge.connect(f"sqlite:///{tmp_path / 'x.db'}?busy_timeout={value}")
+    with pytest.raises(ConfigurationError, match="pool_size"):
+        parse_sql_url(f"postgresql://u@h/db?pool_size={value}")
+    with pytest.raises(ConfigurationError, match="confirm_timeout"):
+        url_number({"confirm_timeout": value}, "confirm_timeout", 5.0, url="RabbitMQ URL x")
