@@ -83,7 +83,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from iqbridge.batch import Batch
 from iqbridge.delivery import Delivery
@@ -106,6 +106,7 @@ _MOVE_TRIES = 5
 #: Held messages given back in one index commit when a worker stops without draining.
 _GIVE_BACK_CHUNK = 500
 _STOPPING = "worker stopping"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,17 @@ class WorkerStats:
     elapsed: float = 0.0
     lost: int = 0
     released: int = 0
+
+
+def _retrying(call: Callable[[], _T], what: str) -> _T:
+    """``call()``, tried again with backoff while the store or broker is briefly away."""
+    for i in range(_MOVE_TRIES - 1):
+        try:
+            return call()
+        except _TRANSIENT as exc:
+            log.warning("%s failed (%s); retrying", what, type(exc).__name__)
+            time.sleep(0.1 * 2**i)
+    return call()
 
 
 class _Held:
@@ -645,25 +657,16 @@ class Worker:
         batch = Batch(self.queue, [held.delivery for held in chunk])
         for d in batch:
             batch.release(d, reason=_STOPPING)
-        for i in range(_MOVE_TRIES):
-            try:
-                settled = batch.done()
-                break
-            except _TRANSIENT as exc:
-                if i < _MOVE_TRIES - 1:
-                    log.warning("%s: giving back failed (%s); retrying", self.name, exc)
-                    time.sleep(0.1 * 2**i)
-                    continue
-                why: IQError = exc
-            except IQError as exc:
-                why = exc
+        try:
+            settled = _retrying(batch.done, f"{self.name}: giving back")
+        except IQError as exc:
             log.error(
                 "%s: could not give back %d message(s) (%s: %s); they return when their "
                 "lease runs out",
                 self.name,
                 len(chunk),
-                type(why).__name__,
-                why,
+                type(exc).__name__,
+                exc,
             )
             return
         for msg_id, reason in settled.lost.items():
