@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -22,6 +23,7 @@ from iqbridge import Outgoing, RetryPolicy
 from iqbridge.aio import AsyncQueue
 from iqbridge.bridge import Bridge, check_health, parse_config
 from iqbridge.cli import app
+from iqbridge.cli.parsing import parse_duration
 from iqbridge.durations import MAX_SECONDS, seconds, to_seconds
 from iqbridge.errors import ConfigurationError, InvalidArgument, IQError
 from iqbridge.outbox import Outbox
@@ -214,3 +216,18 @@ def test_url_options_in_seconds_refuse_what_is_not_a_duration(tmp_path: Path, va
         parse_sql_url(f"postgresql://u@h/db?pool_size={value}")
     with pytest.raises(ConfigurationError, match="confirm_timeout"):
         url_number({"confirm_timeout": value}, "confirm_timeout", 5.0, url="RabbitMQ URL x")
+
+
+def test_the_command_line_durations() -> None:
+    assert [parse_duration(t, "--x") for t in ("30", ".5", "5.", "500ms", "15m", "2h")] == [
+        30.0,
+        0.5,
+        5.0,
+        0.5,
+        900.0,
+        7200.0,
+    ]
+    for text, positive in (("0", True), ("0s", True), ("999999999w", False), ("-1", False)):
+        with pytest.raises(typer.BadParameter, match=r"must be|not a duration") as raised:
+            parse_duration(text, "--x", positive=positive)
+        assert raised.value.param_hint == "--x"
