@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, overload
 
 from iqbridge.delivery import Delivery
+from iqbridge.durations import seconds, to_seconds
 from iqbridge.errors import BatchLeaseLost, InvalidArgument
 from iqbridge.moves import DONE, PROCESS, Move, after_failure
 from iqbridge.observability import tracing
@@ -109,8 +110,7 @@ class Batch(Sequence[Delivery]):
     def release(self, delivery: Delivery, delay: float = 0.0, reason: str = "released") -> None:
         """Record that ``delivery`` is to be given back (AVAILABLE after ``delay``
         seconds, attempt + 1) when the batch is settled by :meth:`done`. No I/O."""
-        if delay < 0:
-            raise InvalidArgument(f"delay must not be negative, got {delay}")
+        seconds(delay, "delay")
         self._outcomes[self._index(delivery)] = Move("release", reason=reason, delay=delay)
 
     def done(self, transaction: object = None, *, partial: bool = False) -> Settled:
@@ -160,6 +160,7 @@ class Batch(Sequence[Delivery]):
     def renew(self, lease: float | None = None) -> Settled:
         """Extend every held delivery's lease by ``lease`` seconds from now (default: the
         queue's), in one index commit."""
+        to_seconds(lease, "lease", positive=True)
         moves = [(d, Move("renew", lease=lease)) for _, d in self._held()]
         result = self._queue._settle_many(moves) if moves else Settled()
         self._lost.update(result.lost)

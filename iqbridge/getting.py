@@ -12,13 +12,14 @@ from iqbridge import engine
 from iqbridge.adapter import LocksNatively
 from iqbridge.batch import Batch
 from iqbridge.delivery import Delivery
+from iqbridge.durations import seconds, to_seconds
 from iqbridge.engine import Change
 from iqbridge.errors import ConcurrentUpdate, IllegalTransition, InvalidArgument, LockedError
 from iqbridge.housekeeping import Housekeeping
 from iqbridge.ids import adopted_id, new_token
 from iqbridge.model import Audience, MessageRecord, Received, Retained, check_name
 from iqbridge.observability import tracing
-from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH, to_seconds
+from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH
 from iqbridge.redaction import get_logger
 from iqbridge.settling import Settling
 from iqbridge.states import IN_DOUBT, TERMINAL, SubscriberState
@@ -93,10 +94,11 @@ class Getting(Settling, Housekeeping):
         lock_id: str | None,
     ) -> list[Delivery]:
         check_name("subscriber", subscriber)
-        lease_s = to_seconds(lease, "lease")
+        wait = seconds(timeout, "timeout")
+        lease_s = to_seconds(lease, "lease", positive=True)
         if lease_s is None and not confirm:
             lease_s = self.lease
-        deadline = time.monotonic() + max(timeout, 0.0)
+        deadline = time.monotonic() + wait
         pause = 0.002
         while True:
             got = self._get_once(subscriber, want, lease_s, lock_id)

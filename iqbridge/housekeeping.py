@@ -10,9 +10,10 @@ from typing import Literal
 
 from iqbridge import engine
 from iqbridge.adapter import TakesOver
+from iqbridge.durations import seconds
 from iqbridge.errors import InvalidArgument, MessageNotFound
 from iqbridge.model import MessageRecord, to_micros
-from iqbridge.queue_core import QueueCore, to_seconds
+from iqbridge.queue_core import QueueCore
 from iqbridge.redaction import get_logger
 from iqbridge.states import PublisherState
 from iqbridge.stores.base import PurgedMessage
@@ -160,8 +161,7 @@ class Housekeeping(QueueCore):
     def purge(self, older_than: float | timedelta) -> int:
         """Delete messages JOURNALLED longer than ``older_than`` (seconds or timedelta),
         payload included; the journal is kept. Returns how many were purged."""
-        secs = to_seconds(older_than, "older_than")
-        assert secs is not None
+        secs = seconds(older_than, "older_than")
         before = self._now() - int(secs * 1_000_000)
         total = 0
         while True:

@@ -11,6 +11,7 @@ from datetime import timedelta
 from types import TracebackType
 
 from iqbridge.adapter import Adapter, Colocated
+from iqbridge.durations import seconds
 from iqbridge.errors import InvalidArgument, UnknownQueueError
 from iqbridge.model import JournalEntry, check_name
 from iqbridge.queue import Queue
@@ -132,9 +133,8 @@ class Hub:
         raise PayloadNotRetained, and a redelivery waits for the broker's own.
         """
         check_name("queue", name)
-        lease_s = lease.total_seconds() if isinstance(lease, timedelta) else float(lease)
-        if lease_s <= 0:
-            raise InvalidArgument(f"lease must be positive, got {lease_s}")
+        lease_s = seconds(lease, "lease", positive=True)
+        sweep_s = seconds(sweep_interval, "sweep_interval")
         if max_bytes <= 0:
             raise InvalidArgument(f"max_bytes must be positive, got {max_bytes}")
         if create:
@@ -153,7 +153,7 @@ class Hub:
             lease=lease_s,
             max_bytes=max_bytes,
             auto_journal=auto_journal,
-            sweep_interval=sweep_interval,
+            sweep_interval=sweep_s,
             retain=retain,
         )
 

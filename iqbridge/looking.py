@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from iqbridge import engine
 from iqbridge.adapter import LocksNatively
+from iqbridge.durations import to_seconds
 from iqbridge.engine import Change
 from iqbridge.errors import (
     InvalidArgument,
@@ -27,7 +28,7 @@ from iqbridge.model import (
     from_micros,
     tally,
 )
-from iqbridge.queue_core import QueueCore, to_seconds
+from iqbridge.queue_core import QueueCore
 from iqbridge.redaction import get_logger
 from iqbridge.states import ActorKind, PublisherState, SubscriberState
 from iqbridge.stores.base import Counting

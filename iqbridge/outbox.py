@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from iqbridge.durations import seconds, to_seconds
 from iqbridge.errors import (
     ConfigurationError,
     ConnectionError,
@@ -357,9 +358,7 @@ class Outbox:
         parent_ids = tuple(parents)
         if not all(isinstance(p, str) and p for p in parent_ids):
             raise InvalidArgument("parents must be msg_id strings")
-        ttl_s = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
-        if ttl_s is not None and (not isinstance(ttl_s, int | float) or ttl_s < 0):
-            raise InvalidArgument(f"ttl must be a non-negative number of seconds, got {ttl!r}")
+        ttl_s = to_seconds(ttl, "ttl")
         if ordering_key is not None:
             check_text("ordering_key", ordering_key)
         if correlation_id is not None:
@@ -444,9 +443,7 @@ class Outbox:
     def purge(self, older_than: float | timedelta) -> int:
         """Delete rows relayed more than ``older_than`` ago; return how many. The messages
         live on in the index; the outbox only needs rows not yet relayed."""
-        secs = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
-        if secs < 0:
-            raise InvalidArgument(f"older_than must not be negative, got {secs}")
+        secs = seconds(older_than, "older_than")
         self.create_table()
         t = self.table
         before = self.now_us() - int(secs * 1_000_000)

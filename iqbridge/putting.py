@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from iqbridge import engine
+from iqbridge.durations import to_seconds
 from iqbridge.engine import Change
 from iqbridge.errors import (
     ConcurrentUpdate,
@@ -22,7 +23,7 @@ from iqbridge.ids import new_id
 from iqbridge.model import Audience, Envelope, MessageRecord, Retained, check_name, check_text
 from iqbridge.observability import tracing
 from iqbridge.payload import encode
-from iqbridge.queue_core import CAS_ATTEMPTS, to_seconds
+from iqbridge.queue_core import CAS_ATTEMPTS
 from iqbridge.redaction import get_logger
 from iqbridge.stores.base import StaleRecord
 from iqbridge.subscribing import AudienceSpec, Subscribing

@@ -14,12 +14,11 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
 from typing import Protocol
 
 from iqbridge.adapter import Adapter, Colocated, Fenced, Probing
 from iqbridge.engine import Change
-from iqbridge.errors import ConcurrentUpdate, InvalidArgument, IQError, MessageNotFound
+from iqbridge.errors import ConcurrentUpdate, IQError, MessageNotFound
 from iqbridge.model import Envelope, MessageRecord, Subscriptions
 from iqbridge.redaction import get_logger
 from iqbridge.retry import RetryPolicy
@@ -58,15 +57,6 @@ class HubLink(Protocol):
     def wait(self, timeout: float) -> None:
         """Sleep until notified or ``timeout`` seconds."""
         ...
-
-
-def to_seconds(value: float | timedelta | None, what: str) -> float | None:
-    if value is None:
-        return None
-    secs = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if secs < 0:
-        raise InvalidArgument(f"{what} must not be negative, got {secs}")
-    return secs
 
 
 class QueueCore:

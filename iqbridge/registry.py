@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -75,7 +76,7 @@ def url_number(
         value = float(opts.get(name, default))
     except ValueError:
         value = low - 1
-    if value < low:
+    if not math.isfinite(value) or value < low:
         raise ConfigurationError(
             f"{scrub(url)}: {name} must be a number >= {low:g}, not {opts.get(name)!r}"
         )

@@ -27,14 +27,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from iqbridge.durations import seconds, to_seconds
 from iqbridge.errors import ConcurrentUpdate, ConnectionError, InvalidArgument, MessageError
 from iqbridge.outbox import MalformedOutboxRow, Outbox, OutboxRow, _translate
 from iqbridge.redaction import get_logger
+from iqbridge.signals import StopSignals
 
 if TYPE_CHECKING:
     from iqbridge.hub import Hub
@@ -46,6 +47,7 @@ log = get_logger("iqbridge.relay")
 
 #: Errors that say something about one row: the row is parked, the others go on.
 _ROW_ERRORS = (MessageError, InvalidArgument)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Errors worth waiting out: the round is abandoned and tried again later.
 TRANSIENT = (ConnectionError, ConcurrentUpdate)
 
@@ -99,8 +101,8 @@ class Relay:
     ) -> None:
         if batch < 1:
             raise InvalidArgument(f"batch must be at least 1, got {batch}")
-        if poll < 0 or max_backoff < 0:
-            raise InvalidArgument("poll and max_backoff must not be negative")
+        poll = seconds(poll, "poll")
+        max_backoff = seconds(max_backoff, "max_backoff")
         self.outbox = outbox
         self.hub = hub
         self.batch = batch
@@ -238,6 +240,7 @@ class Relay:
         wrong URL, a server that is not there), and after that logged and retried with
         backoff (1 s doubling up to ``max_backoff``); other errors end the run.
         """
+        until_idle = to_seconds(until_idle, "until_idle")
         self._stop.clear()
         idle_since = time.monotonic()
         backoff = first_backoff = min(1.0, self.max_backoff)
@@ -277,22 +280,12 @@ class Relay:
 def stop_on_signals(relay: Relay, *signums: int) -> Iterator[None]:
     """While inside, SIGTERM and SIGINT (or ``signums``) stop ``relay`` after its round.
 
-    Only in the main thread (Python delivers signals there); elsewhere it does nothing.
+    The handler only records the signal; the relay is stopped from a watcher thread
+    (:mod:`iqbridge.signals`). Only in the main thread (Python delivers signals there);
+    elsewhere it does nothing.
     """
-    if threading.current_thread() is not threading.main_thread():
+    with StopSignals(then=lambda _: relay.stop(), signums=signums or _STOP_SIGNALS):
         yield
-        return
-    wanted = signums or (signal.SIGTERM, signal.SIGINT)
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        relay.stop()
-
-    previous: dict[int, Any] = {s: signal.signal(s, handler) for s in wanted}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def _groups(items: list[OutboxRow]) -> Iterator[list[OutboxRow]]:

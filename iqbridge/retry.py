@@ -8,9 +8,11 @@ fixed when it is put (``max_attempts``), so every consumer and the lease sweeper
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from iqbridge.errors import PayloadError
+from iqbridge.durations import seconds
+from iqbridge.errors import InvalidArgument, PayloadError
 
 __all__ = ["RetryPolicy"]
 
@@ -31,13 +33,21 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
-        if self.initial_delay < 0 or self.multiplier < 1 or self.max_delay < 0:
-            raise ValueError("delays must be >= 0 and multiplier >= 1")
+            raise InvalidArgument(f"max_attempts must be at least 1, got {self.max_attempts}")
+        seconds(self.initial_delay, "initial_delay")
+        seconds(self.max_delay, "max_delay")
+        m = self.multiplier
+        if not (isinstance(m, int | float) and math.isfinite(m) and m >= 1):
+            raise InvalidArgument(f"multiplier must be a finite number >= 1, got {m!r}")
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before attempt ``attempt + 1``."""
-        return min(self.max_delay, self.initial_delay * self.multiplier ** max(attempt - 1, 0))
+        steps = max(attempt - 1, 0)
+        try:
+            grown = self.initial_delay * self.multiplier**steps
+        except OverflowError:  # thousands of attempts: far past max_delay anyway
+            return self.max_delay
+        return min(self.max_delay, grown)
 
     def gives_up(self, exc: BaseException, attempt: int, max_attempts: int) -> bool:
         """True if this failure makes the message UNUSABLE rather than retried."""

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 
 from iqbridge import engine
 from iqbridge.adapter import AcksInTransaction
+from iqbridge.durations import seconds, to_seconds
 from iqbridge.engine import Change
 from iqbridge.errors import BatchLeaseLost, IllegalTransition, InvalidArgument, IQError
 from iqbridge.model import MessageRecord
 from iqbridge.moves import DONE, PROCESS, Move
 from iqbridge.observability import tracing
-from iqbridge.queue_core import QueueCore, to_seconds
+from iqbridge.queue_core import QueueCore
 from iqbridge.redaction import get_logger
 from iqbridge.states import IN_DOUBT, PublisherState
 from iqbridge.transaction import Binding, Transaction, driver_connection, join
@@ -71,7 +72,7 @@ class Settling(QueueCore):
         if kind == "process":
             return lambda r: engine.process(r, subscriber, token, self._now())
         if kind == "renew":
-            secs = to_seconds(move.lease, "lease")
+            secs = to_seconds(move.lease, "lease", positive=True)
             secs = self.lease if secs is None else secs
 
             def renew(r: MessageRecord) -> Change:
@@ -315,6 +316,7 @@ class Settling(QueueCore):
         delay: float,
         hint: MessageRecord | None = None,
     ) -> Change:
+        seconds(delay, "delay")
         with tracing.settle("release", self, msg_id, subscriber, hint):
             return self._move(
                 msg_id, subscriber, token, Move("release", reason=reason, delay=delay), hint
@@ -328,6 +330,7 @@ class Settling(QueueCore):
         lease: float | None,
         hint: MessageRecord | None = None,
     ) -> Change:
+        to_seconds(lease, "lease", positive=True)
         return self._move(msg_id, subscriber, token, Move("renew", lease=lease), hint)
 
     @staticmethod

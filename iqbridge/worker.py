@@ -19,7 +19,8 @@ handled one at a time, in the order the worker fetched them, while different key
 parallel::
 
     with Worker(queue, "billing", handle, threads=8):
-        ...                                  # runs until the block ends (drains)
+        ...                                  # runs until the block ends (drains,
+                                             # unless an exception ends the block)
 
     stats = Worker(queue, "billing", handle).run(until_idle=5.0)
 
@@ -62,12 +63,14 @@ same subscriber, order holds only as far as gets happen to claim in order; a los
 Stopping. ``stop(drain=True)`` stops fetching and finishes every held message (in-place
 retries included; pass a timeout to bound the wait).
 ``stop(drain=False)`` stops fetching, lets messages in process finish and gives held but
-unstarted messages back (``release(reason="worker stopping")``, AVAILABLE again with
-attempt + 1). A key's waiting messages are given back right after its message in process
-finishes, so whoever gets them next still sees that key in order; a message waiting for
-an in-place retry is given back at once. ``run()`` stops by itself when idle for
-``until_idle`` seconds, after ``max_messages`` messages, on ``stop()`` from another
-thread, or on Ctrl-C (which stops without draining).
+unstarted messages back at once, many in one index commit (released with reason
+``worker stopping``: AVAILABLE again with attempt + 1, for the next consumer now rather
+than after their lease). A key's waiting messages are given back right after its message
+in process finishes, so whoever gets them next still sees that key in order; a message
+waiting for an in-place retry is given back at once. ``request_stop()`` begins either
+stop and returns. ``run()`` stops by itself when idle for ``until_idle`` seconds, after
+``max_messages`` messages, on ``stop()`` from another thread, or on Ctrl-C (which stops
+without draining); a ``with`` block ended by an exception stops without draining too.
 """
 
 from __future__ import annotations
@@ -79,9 +82,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
+from iqbridge.batch import Batch
 from iqbridge.delivery import Delivery
+from iqbridge.durations import seconds, to_seconds
 from iqbridge.errors import ConcurrentUpdate, InvalidArgument, IQError, LeaseLost
 from iqbridge.errors import ConnectionError as IQConnectionError
 from iqbridge.redaction import get_logger
@@ -98,6 +103,10 @@ _REASON_MAX = 1000
 #: Errors worth trying again: the store or broker may be back in a moment.
 _TRANSIENT = (IQConnectionError, ConcurrentUpdate)
 _MOVE_TRIES = 5
+#: Held messages given back in one index commit when a worker stops without draining.
+_GIVE_BACK_CHUNK = 500
+_STOPPING = "worker stopping"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +118,7 @@ class WorkerStats:
     (handler calls after a failure). ``in_flight`` messages are in the handler now;
     ``held`` are fetched and not finished (waiting for their key or in process). ``lost``
     deliveries were dropped because their lease was taken over (``LeaseLost``).
+    ``released`` were given back unfinished by a stop without draining.
     ``started_at`` is when :meth:`Worker.start` ran (UTC); ``elapsed`` is seconds since
     then, up to the end of :meth:`Worker.stop`.
     """
@@ -122,6 +132,18 @@ class WorkerStats:
     started_at: datetime | None = None
     elapsed: float = 0.0
     lost: int = 0
+    released: int = 0
+
+
+def _retrying(call: Callable[[], _T], what: str) -> _T:
+    """``call()``, tried again with backoff while the store or broker is briefly away."""
+    for i in range(_MOVE_TRIES - 1):
+        try:
+            return call()
+        except _TRANSIENT as exc:
+            log.warning("%s failed (%s); retrying", what, type(exc).__name__)
+            time.sleep(0.1 * 2**i)
+    return call()
 
 
 class _Held:
@@ -164,10 +186,8 @@ class Worker:
     ) -> None:
         if threads < 1:
             raise InvalidArgument(f"threads must be at least 1, got {threads}")
-        if lease is not None and lease <= 0:
-            raise InvalidArgument(f"lease must be positive, got {lease}")
-        if poll <= 0:
-            raise InvalidArgument(f"poll must be positive, got {poll}")
+        lease = to_seconds(lease, "lease", positive=True)
+        poll = seconds(poll, "poll", positive=True)
         if max_held < 1:
             raise InvalidArgument(f"max_held must be at least 1, got {max_held}")
         if batch < 1:
@@ -205,6 +225,7 @@ class Worker:
         self._unusable = 0
         self._retried = 0
         self._lost = 0
+        self._released = 0
         self._in_flight = 0
         self._started_at: datetime | None = None
         self._started_mono = 0.0
@@ -231,6 +252,7 @@ class Worker:
                 started_at=self._started_at,
                 elapsed=end - self._started_mono if self._started_at is not None else 0.0,
                 lost=self._lost,
+                released=self._released,
             )
 
     def start(self) -> None:
@@ -252,21 +274,30 @@ class Worker:
             t.start()
         self._heartbeat.start()
 
-    def stop(self, *, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop fetching and wait up to ``timeout`` seconds (default: no limit) for the
-        threads to end.
-
-        ``drain=True`` finishes every held message first; ``drain=False`` finishes only
-        the messages in process and gives the others back. If the timeout passes, the
-        threads go on in the background (they are daemon threads) and a warning is
-        logged. Re-raises an unexpected error that ended a worker thread.
-        """
+    def request_stop(self, *, drain: bool = True) -> None:
+        """Begin stopping as :meth:`stop` does, and return at once: a :meth:`run` in
+        another thread returns when the worker has stopped. ``drain=False`` wins over
+        an earlier ``drain=True``."""
         self._stopping.set()
         if not drain:
             self._abandon.set()
         with self._changed:
             self._changed.notify_all()
         self.queue.hub.notify()
+
+    def stop(self, *, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop fetching and wait up to ``timeout`` seconds (default: no limit) for the
+        threads to end.
+
+        ``drain=True`` finishes every held message first; ``drain=False`` finishes only
+        the messages in process and gives the others back at once (a key's waiting
+        messages right after its message in process ends, so they go back in order).
+        If the timeout passes, the threads go on in the background (they are daemon
+        threads) and a warning is logged. Re-raises an unexpected error that ended a
+        worker thread.
+        """
+        timeout = to_seconds(timeout, "timeout")
+        self.request_stop(drain=drain)
         deadline = None if timeout is None else time.monotonic() + timeout
         me = threading.current_thread()
         for t in [*self._workers, *([self._heartbeat] if self._heartbeat else [])]:
@@ -298,8 +329,7 @@ class Worker:
                 raise InvalidArgument(f"max_messages must be at least 1, got {max_messages}")
             with self._lock:
                 self._budget = self._fetched + max_messages
-        if until_idle is not None and until_idle < 0:
-            raise InvalidArgument(f"until_idle must not be negative, got {until_idle}")
+        until_idle = to_seconds(until_idle, "until_idle")
         if self._started_at is None:
             self.start()
         try:
@@ -329,7 +359,8 @@ class Worker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop(drain=True)
+        # An exception (Ctrl-C included) ending the block must not wait for the backlog.
+        self.stop(drain=exc_type is None)
 
     # --- worker threads ----------------------------------------------------------------
 
@@ -377,16 +408,17 @@ class Worker:
     def _take_ready(self) -> _Held | None:
         """A message fetched with a batch whose key was free: it waits for a thread.
         Stopping without draining, such messages (and their keys' queues) are given back."""
-        while True:
-            with self._changed:
-                if not self._ready:
-                    return None
+        with self._changed:
+            if not self._ready:
+                return None
+            if not self._abandon.is_set():
+                return self._ready.popleft()
+            rest: list[_Held] = []
+            while self._ready:
                 held = self._ready.popleft()
-                if not self._abandon.is_set():
-                    return held
-                rest = [held, *self._keys.pop(held.key, ())]
-            for item in rest:
-                self._give_back(item)
+                rest += [held, *self._keys.pop(held.key, ())]
+        self._give_back(rest)
+        return None
 
     def _fetch_batch(self) -> tuple[_Held | None, bool]:
         """Claim a batch (holding the fetch mutex) and hand its messages to their keys:
@@ -438,8 +470,7 @@ class Worker:
                         self._ready.append(held)
                 self._last_activity = time.monotonic()
                 self._changed.notify_all()
-            for held in back:
-                self._give_back(held)
+            self._give_back(back)
             if mine is not None:
                 return mine, True
         return None, True
@@ -463,8 +494,7 @@ class Worker:
                         del self._keys[key]
                         owned = False
                         current = None
-                for item in leftovers:
-                    self._give_back(item)
+                self._give_back(leftovers)
         except BaseException:
             # Leave nothing stranded behind a key nobody will serve: give it back in order.
             # Abandon in the same critical section that frees the key, so a thread whose
@@ -476,8 +506,7 @@ class Worker:
                 rest = [current] if current is not None else []
                 if owned:
                     rest.extend(self._keys.pop(key, ()))
-            for item in rest:
-                self._give_back(item)
+            self._give_back(rest)
             raise
 
     def _handle(self, held: _Held) -> None:
@@ -517,7 +546,9 @@ class Worker:
                         type(exc).__name__,
                     )
                     if self._abandon.wait(policy.delay(tries)):
-                        self._move(held, lambda: d.release(reason="worker stopping"), final=True)
+                        if self._move(held, lambda: d.release(reason=_STOPPING), final=True):
+                            with self._lock:
+                                self._released += 1
                         return
                     tries += 1
                     continue
@@ -604,11 +635,45 @@ class Worker:
         with self._lock:
             self._lost += 1
 
-    def _give_back(self, held: _Held) -> None:
-        d = held.delivery
-        self._move(held, lambda: d.release(reason="worker stopping"), final=True)
+    def _give_back(self, items: list[_Held]) -> None:
+        """Give held messages that never started back at once: AVAILABLE again (attempt
+        + 1, reason ``worker stopping``), a whole chunk in one index commit. Whatever
+        cannot be given back is left to its lease, which brings it back the same way."""
+        if not items:
+            return
+        todo: list[_Held] = []
+        for held in items:
+            with held.lock:
+                if not held.finished:
+                    held.finished = True  # the heartbeat leaves it alone from now on
+                    todo.append(held)
+        for start in range(0, len(todo), _GIVE_BACK_CHUNK):
+            self._release_all(todo[start : start + _GIVE_BACK_CHUNK])
         with self._changed:
-            self._forget(held)
+            for held in items:
+                self._forget(held)
+
+    def _release_all(self, chunk: list[_Held]) -> None:
+        batch = Batch(self.queue, [held.delivery for held in chunk])
+        for d in batch:
+            batch.release(d, reason=_STOPPING)
+        try:
+            settled = _retrying(batch.done, f"{self.name}: giving back")
+        except IQError as exc:
+            log.error(
+                "%s: could not give back %d message(s) (%s: %s); they return when their "
+                "lease runs out",
+                self.name,
+                len(chunk),
+                type(exc).__name__,
+                exc,
+            )
+            return
+        for msg_id, reason in settled.lost.items():
+            log.warning("%s: message %s dropped: %s", self.name, msg_id, reason)
+        with self._lock:
+            self._released += len(settled.released)
+            self._lost += len(settled.lost)
 
     def _forget(self, held: _Held) -> None:
         """Drop a finished message from the held set (caller holds ``self._lock``)."""

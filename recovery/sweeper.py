@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from iqbridge.durations import seconds, to_seconds
 from iqbridge.errors import IQError
 from iqbridge.hub import Hub
 from iqbridge.redaction import get_logger
@@ -45,10 +46,8 @@ class Sweeper:
     def __init__(
         self, hub: Hub, *, interval: float = 1.0, health_file: Path | str | None = None
     ) -> None:
-        if interval <= 0:
-            raise ValueError("interval must be positive")
         self.hub = hub
-        self.interval = interval
+        self.interval = seconds(interval, "interval", positive=True)
         self.health_file = Path(health_file) if health_file is not None else None
         self.passes = 0
         self.changed = 0
@@ -109,6 +108,7 @@ class Sweeper:
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the background thread after its current pass."""
+        timeout = to_seconds(timeout, "timeout")
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -121,6 +121,7 @@ def check_health(health_file: Path | str, *, max_age: float | None = None) -> tu
     Alive means its last pass is younger than ``max_age`` seconds (default three of its
     intervals) and that pass had no errors.
     """
+    max_age = to_seconds(max_age, "max_age")
     path = Path(health_file)
     try:
         data = json.loads(path.read_text())

@@ -21,9 +21,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from iqbridge.errors import ConfigurationError
+from iqbridge.durations import seconds
+from iqbridge.errors import ConfigurationError, InvalidArgument
 from iqbridge.redaction import url_secrets
 
 __all__ = [
@@ -46,6 +55,22 @@ _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 Name = Annotated[str, Field(pattern=_NAME)]
 Dotted = Annotated[str, Field(pattern=_DOTTED)]
+
+
+def _duration(*, positive: bool) -> AfterValidator:
+    """Seconds, checked as every duration of the API is (:mod:`iqbridge.durations`)."""
+
+    def check(value: float) -> float:
+        try:
+            return seconds(value, "duration", positive=positive)
+        except InvalidArgument as exc:  # pydantic names the field; the text need not
+            raise ValueError(str(exc).removeprefix("duration ")) from None
+
+    return AfterValidator(check)
+
+
+Seconds = Annotated[float, _duration(positive=False)]
+PositiveSeconds = Annotated[float, _duration(positive=True)]
 
 
 class _Model(BaseModel):
@@ -120,7 +145,7 @@ class Correlate(_Model):
     key: str = "correlation_id"
     count: int | None = Field(default=None, ge=1, le=100_000)
     complete: Dotted | None = None
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: PositiveSeconds | None = None
     combine: Dotted | None = None
     max_groups: int = Field(default=10_000, ge=1)
     max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
@@ -148,9 +173,9 @@ class RetrySettings(_Model):
     """How often a failing message is tried before it goes UNUSABLE."""
 
     max_attempts: int = Field(default=5, ge=1)
-    initial_delay: float = Field(default=0.5, ge=0)
-    multiplier: float = Field(default=2.0, ge=1)
-    max_delay: float = Field(default=30.0, ge=0)
+    initial_delay: Seconds = 0.5
+    multiplier: float = Field(default=2.0, ge=1, allow_inf_nan=False)
+    max_delay: Seconds = 30.0
 
 
 class Route(_Model):
@@ -161,7 +186,7 @@ class Route(_Model):
     destination: Destination
     workers: int = Field(default=4, ge=1, le=256)
     batch: int = Field(default=200, ge=1, le=10_000)
-    lease: float = Field(default=30.0, gt=0)
+    lease: PositiveSeconds = 30.0
     content_type: Literal["keep", "bytes", "text", "json"] = "keep"
     headers: HeaderMap = HeaderMap()
     envelope: Envelope = Envelope()
@@ -181,7 +206,7 @@ class BridgeSettings(_Model):
     state: str = "sqlite:///iq-bridge-state.db"
     health_file: str | None = None
     #: Seconds between lease renewals and health records.
-    heartbeat: float = Field(default=1.0, gt=0)
+    heartbeat: PositiveSeconds = 1.0
 
 
 class BridgeConfig(_Model):

@@ -17,17 +17,18 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 
 from iqbridge.bridge.config import BridgeConfig
 from iqbridge.bridge.route import RouteRunner, RouteStats
+from iqbridge.durations import seconds, to_seconds
 from iqbridge.errors import IQError
 from iqbridge.hub import Hub, connect
 from iqbridge.redaction import get_logger, scrub
 from iqbridge.registry import open_store
+from iqbridge.signals import StopSignals
 
 __all__ = ["Bridge", "check_health"]
 
@@ -103,6 +104,7 @@ class Bridge:
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for every route to stop; True if all did within ``timeout``."""
+        timeout = to_seconds(timeout, "timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
         ok = True
         for r in self.routes:
@@ -116,8 +118,14 @@ class Bridge:
 
     def run(self, *, duration: float | None = None, handle_signals: bool = True) -> None:
         """Run until stopped (SIGTERM or Ctrl-C when ``handle_signals``), or for
-        ``duration`` seconds; then stop cleanly and close."""
-        with _signals(self.stop) if handle_signals else _nothing():
+        ``duration`` seconds (more than 0); then stop cleanly and close.
+
+        A signal only records itself (see :mod:`iqbridge.signals`); the bridge logs it
+        and stops from a thread of its own, so a second signal close behind the first
+        changes nothing."""
+        if duration is not None:
+            duration = seconds(duration, "duration", positive=True)
+        with StopSignals(then=self._on_signal) if handle_signals else nullcontext():
             self.start()
             end = None if duration is None else time.monotonic() + duration
             try:
@@ -136,6 +144,11 @@ class Bridge:
                 self.join()
                 self._record()
                 self.close()
+
+    def _on_signal(self, signum: int) -> None:
+        if not self._stop.is_set():
+            log.info("%s: stopping the bridge", _signal_name(signum))
+        self.stop()
 
     def _record(self) -> None:
         if self.health_file is None:
@@ -208,33 +221,17 @@ def _scrub(text: str | None, secrets: list[str]) -> str | None:
     return None if text is None else scrub(text, secrets)
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
-@contextmanager
-def _signals(stop: object) -> Iterator[None]:
-    """SIGTERM and SIGINT call ``stop`` (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping the bridge", signum)
-        stop()  # type: ignore[operator]
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+def _signal_name(signum: int) -> str:
     try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def check_health(path: str | Path, *, max_age: float = 10.0) -> tuple[bool, str]:
     """Whether the bridge writing ``path`` is alive and every route works, with a
     one-line reason (``iq bridge check`` exits non-zero when not)."""
+    max_age = seconds(max_age, "max_age")
     p = Path(path)
     try:
         body = json.loads(p.read_text())

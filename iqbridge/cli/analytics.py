@@ -16,6 +16,8 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from iqbridge.analytics.schema import JOURNAL, MESSAGES
+from iqbridge.analytics.session import AnalyticsError
 from iqbridge.cli.context import settings
 from iqbridge.cli.parsing import parse_duration
 
@@ -53,17 +55,26 @@ AsOfOpt = Annotated[
 ]
 
 
-def _session(master: str | None, conf: list[str] | None) -> SparkSession:
-    from iqbridge.analytics.session import spark_session
+def _session(
+    journal: str, master: str | None, conf: list[str] | None, *datasets: str
+) -> SparkSession:
+    """The Spark session, once every argument Spark would read has been checked: a bad
+    one costs no JVM start."""
+    from iqbridge.analytics.session import check_journal, check_master, spark_session
 
-    if _local(master):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    try:
+        check_master(master)
+    except AnalyticsError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--master") from None
     extra: dict[str, str] = {}
     for item in conf or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise typer.BadParameter(f"{item!r}: write KEY=VALUE", param_hint="--conf")
         extra[key.strip()] = value
+    check_journal(journal, JOURNAL, *datasets)
+    if _local(master):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     return spark_session(master, conf=extra)
 
 
@@ -112,13 +123,11 @@ def audit_cmd(
     from iqbridge.analytics.audit import audit
 
     cfg = settings(ctx)
+    when = _as_of(as_of)
+    stuck, lost = _age(stuck_after, "--stuck-after"), _age(lost_after, "--lost-after")
+    spark = _session(journal, master, conf)
     result = audit(
-        _session(master, conf),
-        journal,
-        _out(journal, out),
-        as_of=_as_of(as_of),
-        stuck_after=_age(stuck_after, "--stuck-after"),
-        lost_after=_age(lost_after, "--lost-after"),
+        spark, journal, _out(journal, out), as_of=when, stuck_after=stuck, lost_after=lost
     )
     table = Table(title="audit", box=box.SIMPLE_HEAD)
     for col in ("finding", "violates once-only", "count", "first msg_ids"):
@@ -147,7 +156,7 @@ def latency_cmd(
     from iqbridge.analytics.latency import latency
 
     cfg = settings(ctx)
-    result = latency(_session(master, conf), journal, _out(journal, out), report=report)
+    result = latency(_session(journal, master, conf), journal, _out(journal, out), report=report)
     table = Table(title="REVEALED to DONE (ms)", box=box.SIMPLE_HEAD)
     for col in ("queue", "subscriber", "done", "p50", "p95", "p99"):
         table.add_column(col, justify="left" if col in ("queue", "subscriber") else "right")
@@ -181,9 +190,8 @@ def lineage_cmd(
     from iqbridge.analytics.lineage import lineage
 
     cfg = settings(ctx)
-    result = lineage(
-        _session(master, conf), journal, _out(journal, out), inbound=inbound, outbound=outbound
-    )
+    spark = _session(journal, master, conf, MESSAGES)
+    result = lineage(spark, journal, _out(journal, out), inbound=inbound, outbound=outbound)
     cfg.out.print(
         f"{result.edges} parent link(s), {result.trees} tree member(s), "
         f"{len(result.orphans)} orphan(s)"
@@ -234,14 +242,9 @@ def retention_cmd(
                 f"{item!r}: write QUEUE=AGE, e.g. orders=30d", param_hint="--rule"
             )
         rules[queue] = _age(age, "--rule")
-    result = retention(
-        _session(master, conf),
-        journal,
-        _out(journal, out),
-        keep=_age(keep, "--keep"),
-        rules=rules,
-        as_of=_as_of(as_of),
-    )
+    kept, when = _age(keep, "--keep"), _as_of(as_of)
+    spark = _session(journal, master, conf)
+    result = retention(spark, journal, _out(journal, out), keep=kept, rules=rules, as_of=when)
     cfg.out.print(
         f"archived {result.archived} message(s) ({result.with_payload} with payload) to "
         f"{escape(result.out)}/archive",

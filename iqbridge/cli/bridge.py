@@ -19,6 +19,7 @@ from rich.tree import Tree
 from iqbridge.bridge import Bridge, Lineage, Node, check_health, load_config
 from iqbridge.bridge.config import BridgeConfig
 from iqbridge.cli.context import CommandError, Settings, open_hub, settings
+from iqbridge.cli.parsing import parse_duration, parse_optional_duration
 from iqbridge.hub import Hub, connect
 from iqbridge.redaction import get_logger, scrub
 
@@ -90,8 +91,8 @@ def run(
     ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="The bridge YAML file.")],
     duration: Annotated[
-        float | None,
-        typer.Option(help="Stop after this many seconds (default: run until stopped)."),
+        str | None,
+        typer.Option(help="Stop after this long: 90s, 10m, or seconds (default: until stopped)."),
     ] = None,
     live: Annotated[
         bool | None,
@@ -100,12 +101,13 @@ def run(
 ) -> int:
     """Run every route of CONFIG until SIGTERM or Ctrl-C; then finish what is in flight."""
     cfg = settings(ctx)
+    seconds = parse_optional_duration(duration, "--duration", positive=True)
     conf = _load(cfg, config)
     show = sys.stdout.isatty() if live is None else live
     with _logging(cfg):
         bridge = Bridge(conf)
         if not show:
-            bridge.run(duration=duration)
+            bridge.run(duration=seconds)
         else:
             with Live(_table(bridge), console=cfg.out, refresh_per_second=2) as view:
                 done = threading.Event()
@@ -117,7 +119,7 @@ def run(
                 t = threading.Thread(target=refresh, daemon=True)
                 t.start()
                 try:
-                    bridge.run(duration=duration)
+                    bridge.run(duration=seconds)
                 finally:
                     done.set()
                     t.join()
@@ -135,18 +137,19 @@ def check(
     ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="The bridge YAML file (its health_file).")],
     max_age: Annotated[
-        float, typer.Option(help="Oldest acceptable health record, seconds.")
-    ] = 10.0,
+        str, typer.Option(help="Oldest acceptable health record: 10s, 1m, or seconds.")
+    ] = "10s",
 ) -> int:
     """Exit 0 if the bridge of CONFIG is alive and no route failed, 1 if not."""
     cfg = settings(ctx)
+    age = parse_duration(max_age, "--max-age")
     conf = _load(cfg, config)
     if not conf.bridge.health_file:
         raise CommandError(
             f"bridge config {config} sets no bridge.health_file; add one so the bridge "
             "writes a health record"
         )
-    ok, why = check_health(conf.bridge.health_file, max_age=max_age)
+    ok, why = check_health(conf.bridge.health_file, max_age=age)
     if not ok:
         raise CommandError(why)
     cfg.out.print(why)

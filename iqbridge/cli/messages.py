@@ -9,6 +9,7 @@ from iqbridge.cli.context import open_hub, open_queue, settings
 from iqbridge.cli.parsing import (
     parse_duration,
     parse_header,
+    parse_optional_duration,
     parse_pool,
     read_payload,
 )
@@ -94,15 +95,17 @@ def get(
     queue: QueueArg,
     subscriber: Annotated[str, typer.Argument(help="Who gets it.", show_default=False)],
     timeout: Annotated[
-        float, typer.Option("--timeout", "-t", min=0, help="Seconds to wait for a message.")
-    ] = 0.0,
+        str,
+        typer.Option("--timeout", "-t", help="How long to wait for a message (30s, 2m, 0.5)."),
+    ] = "0",
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="How many to get.")] = 1,
     confirm: Annotated[
         bool,
         typer.Option("--confirm", help="Hold each one; finish with `iq confirm` or `iq undo`."),
     ] = False,
     lease: Annotated[
-        float | None, typer.Option("--lease", min=0.001, help="Lease seconds while held.")
+        str | None,
+        typer.Option("--lease", help="Lease while held (30s, 5m; default: the queue's)."),
     ] = None,
     lock_id: Annotated[
         str | None, typer.Option("--lock-id", help="Get a message `iq browse --lock` locked.")
@@ -114,11 +117,13 @@ def get(
     UTF-8, malformed JSON) is shown as its bytes and marked UNUSABLE, as a Worker would;
     the next messages are got all the same."""
     cfg = settings(ctx)
+    wait = parse_duration(timeout, "--timeout")
+    held = parse_optional_duration(lease, "--lease", positive=True)
     got = 0
     with open_hub(ctx, create=False) as hub:
         q = open_queue(hub, queue)
         while got < count:
-            d = q.get(subscriber, timeout=timeout, confirm=confirm, lease=lease, lock_id=lock_id)
+            d = q.get(subscriber, timeout=wait, confirm=confirm, lease=held, lock_id=lock_id)
             if d is None:
                 break
             got += 1

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import typer
 
+from iqbridge.durations import seconds
+from iqbridge.errors import InvalidArgument
 from iqbridge.model import Pool
 from iqbridge.states import PublisherState, SubscriberState
 
@@ -21,6 +23,7 @@ __all__ = [
     "STATE_NAMES",
     "parse_duration",
     "parse_header",
+    "parse_optional_duration",
     "parse_pool",
     "parse_priority",
     "parse_state",
@@ -29,7 +32,7 @@ __all__ = [
 ]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d|w)?\s*$", re.IGNORECASE)
 
 #: Every state name ``--state`` accepts, publisher's first.
 STATE_NAMES: tuple[str, ...] = tuple(
@@ -37,15 +40,28 @@ STATE_NAMES: tuple[str, ...] = tuple(
 )
 
 
-def parse_duration(text: str, option: str) -> float:
-    """Seconds in ``30s``, ``15m``, ``12h``, ``7d``, ``2w``, ``500ms`` or a bare number."""
+def parse_duration(text: str, option: str, *, positive: bool = False) -> float:
+    """Seconds in ``30s``, ``15m``, ``12h``, ``7d``, ``2w``, ``500ms`` or a bare number,
+    checked as the Python API checks durations (:func:`iqbridge.durations.seconds`):
+    ``positive`` refuses zero too."""
     match = _DURATION.match(text)
     if match is None:
         raise typer.BadParameter(
             f"{text!r} is not a duration; write e.g. 30s, 15m, 12h, 7d or a number of seconds",
             param_hint=option,
         )
-    return float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
+    value = float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
+    try:
+        return seconds(value, option, positive=positive)
+    except InvalidArgument as exc:  # "--lease must be ..." reads "must be ..." after the hint
+        raise typer.BadParameter(str(exc).removeprefix(f"{option} "), param_hint=option) from None
+
+
+def parse_optional_duration(
+    text: str | None, option: str, *, positive: bool = False
+) -> float | None:
+    """:func:`parse_duration`, with no option given passed through as None."""
+    return None if text is None else parse_duration(text, option, positive=positive)
 
 
 def parse_priority(text: str) -> int | tuple[int, int]:

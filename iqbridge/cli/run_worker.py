@@ -1,22 +1,22 @@
 """``iq worker``: run an :class:`iqbridge.worker.Worker` with a live count of what it did."""
 
-import contextlib
 import importlib
-import signal
+import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from iqbridge.cli.context import CommandError, open_hub, open_queue, settings
+from iqbridge.cli.context import CommandError, Settings, open_hub, open_queue, settings
+from iqbridge.cli.parsing import parse_optional_duration
 from iqbridge.cli.render import payload_text
 from iqbridge.delivery import Delivery
+from iqbridge.signals import StopSignals
 
 if TYPE_CHECKING:
     from iqbridge.worker import WorkerStats
@@ -24,25 +24,6 @@ if TYPE_CHECKING:
 __all__ = ["load_handler", "worker"]
 
 Handler = Callable[[Delivery], object]
-
-
-@contextlib.contextmanager
-def _signals_set(flag: threading.Event) -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM set ``flag`` instead of raising (main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        flag.set()
-
-    wanted = (signal.SIGINT, signal.SIGTERM)
-    previous: dict[int, Any] = {s: signal.signal(s, handler) for s in wanted}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def load_handler(spec: str) -> Handler:
@@ -96,16 +77,23 @@ def worker(
         typer.Option("--handler", help="module:function called with each Delivery."),
     ] = None,
     lease: Annotated[
-        float | None, typer.Option("--lease", min=0.001, help="Lease seconds per message.")
+        str | None,
+        typer.Option("--lease", help="Lease per message: 30s, 5m, or seconds (default: 30s)."),
     ] = None,
     until_idle: Annotated[
-        float | None, typer.Option("--until-idle", min=0, help="Stop after idle seconds.")
+        str | None,
+        typer.Option("--until-idle", help="Stop after this long with nothing to do (e.g. 5s)."),
     ] = None,
     max_messages: Annotated[
         int | None, typer.Option("--max-messages", min=1, help="Stop after this many.")
     ] = None,
-) -> None:
-    """Consume SUBSCRIBER's messages (in order per ordering key); Ctrl-C drains and stops.
+) -> int:
+    """Consume SUBSCRIBER's messages (in order per ordering key) until stopped.
+
+    Ctrl-C or SIGTERM stops it: the messages in process finish, every other message it
+    fetched goes back to AVAILABLE at once (attempt + 1) for the next consumer, and it
+    exits 0. A second Ctrl-C or SIGTERM exits at once (code 130); what it still holds
+    comes back when its lease runs out.
 
     The default handler prints each message; --handler module:function replaces it.
     A handler that raises is retried per the queue's retry policy, then goes UNUSABLE.
@@ -113,16 +101,18 @@ def worker(
     from iqbridge.worker import Worker, WorkerStats
 
     cfg = settings(ctx)
+    lease_s = parse_optional_duration(lease, "--lease", positive=True)
+    idle_s = parse_optional_duration(until_idle, "--until-idle")
     func = load_handler(handler) if handler else _printer(cfg.out)
     outcome: list[WorkerStats] = []
     failure: list[BaseException] = []
     with open_hub(ctx, create=False) as hub:
         q = open_queue(hub, queue)
-        w = Worker(q, subscriber, func, threads=threads, lease=lease)
+        w = Worker(q, subscriber, func, threads=threads, lease=lease_s)
 
         def run() -> None:
             try:
-                outcome.append(w.run(until_idle=until_idle, max_messages=max_messages))
+                outcome.append(w.run(until_idle=idle_s, max_messages=max_messages))
             except BaseException as exc:
                 failure.append(exc)
 
@@ -137,21 +127,44 @@ def worker(
                 f"{escape(subscriber)} on {escape(queue)}", total=max_messages, counts=""
             )
             runner = threading.Thread(target=run, name="iq-worker", daemon=True)
-            # Ctrl-C (and SIGTERM) only set a flag: an interrupt raised at any point of
-            # this loop could land inside a lock of the worker's and leave it held.
-            interrupted = threading.Event()
-            with _signals_set(interrupted):
+            # Ctrl-C and SIGTERM are only recorded (iqbridge.signals); this loop acts on
+            # them. An exception raised at any point of it could land inside a lock of
+            # the worker's and leave it held.
+            with StopSignals() as signals:
                 runner.start()
-                while runner.is_alive() and not interrupted.is_set():
+                stopping = False
+                while runner.is_alive():
                     runner.join(0.1)
+                    if signals.received and not stopping:
+                        stopping = True
+                        progress.update(task, description="stopping: finishing what is in process")
+                        w.request_stop(drain=False)
+                    if stopping and signals.again:
+                        progress.stop()
+                        _abandon(cfg, w.stats)
                     stats = w.stats
                     progress.update(task, completed=stats.processed, counts=_describe(stats))
-            if interrupted.is_set():
-                progress.update(task, description="stopping: finishing held messages")
-                w.stop(drain=True)
-                runner.join()
             stats = outcome[0] if outcome else w.stats
             progress.update(task, completed=stats.processed, counts=_describe(stats))
     if failure:
         raise failure[0]
-    cfg.out.print(f"processed {stats.processed} message(s) in {stats.elapsed:.1f} s")
+    text = f"processed {stats.processed} message(s) in {stats.elapsed:.1f} s"
+    if stats.released:
+        text += f"; gave back {stats.released} unstarted message(s)"
+    cfg.out.print(text)
+    return 0
+
+
+def _abandon(cfg: Settings, stats: "WorkerStats") -> NoReturn:
+    """A second stop signal: exit now. Nothing is lost: what is still in process or held
+    stays FETCHED or IN_PROCESS in the index and comes back when its lease runs out."""
+    cfg.err.print(
+        f"iq: error: stopped at once; {stats.held} message(s) still held come back when "
+        "their lease runs out",
+        soft_wrap=True,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The worker's threads are inside handlers and index calls: closing the hub under
+    # them would only add noise. A crash is what the index is built to survive.
+    os._exit(130)

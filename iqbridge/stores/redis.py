@@ -40,6 +40,7 @@ and the script plumbing with its RESP packer (:mod:`iqbridge.stores.redis_script
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -108,7 +109,7 @@ def _float_option(opts: dict[str, str], name: str, default: float, url: str) -> 
         value = float(raw)
     except ValueError:
         value = 0.0
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:
         raise ConfigurationError(
             f"Redis index URL {url}: {name} must be a positive number of seconds, not {raw!r}"
         )

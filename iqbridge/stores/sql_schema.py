@@ -17,6 +17,7 @@ Kept apart from the store so the store module holds only what a transition does.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import time
 import uuid
@@ -100,9 +101,10 @@ def _number(opts: dict[str, str], name: str, default: float, redacted: str) -> f
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigurationError(
-            f"option {name}={raw!r} of the SQL index {redacted} is not a number"
-        ) from None
+        value = math.nan
+    if not math.isfinite(value):
+        what = "is not a number" if math.isnan(value) else "is not finite"
+        raise ConfigurationError(f"option {name}={raw!r} of the SQL index {redacted} {what}")
     if value < 0 and name != "pool_recycle":
         raise ConfigurationError(f"option {name} of the SQL index {redacted} must not be negative")
     return value

@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import ClassVar
 from urllib.parse import parse_qs, urlsplit
 
+from iqbridge.durations import seconds
 from iqbridge.errors import ConfigurationError, IndexUnavailable
 from iqbridge.redaction import redact
 
@@ -122,6 +123,14 @@ def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
     sync = opts.get("synchronous", "full").lower()
     if sync not in ("normal", "full"):
         raise ConfigurationError(f"synchronous must be normal or full, not {sync!r}")
+    wait = opts.get("busy_timeout")
+    if wait is not None:
+        try:
+            seconds(float(wait), "busy_timeout")
+        except ValueError:  # not a number, or not a duration (InvalidArgument)
+            raise ConfigurationError(
+                f"busy_timeout must be a number of seconds, 0 or more, not {wait!r} in {url!r}"
+            ) from None
     return Path(raw), opts
 
 

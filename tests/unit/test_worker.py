@@ -510,6 +510,73 @@ def test_stop_with_drain_finishes_held_and_fetches_no_more(hub: iqbridge.Hub) ->
         worker.start()
 
 
+def test_a_block_ended_by_an_exception_stops_without_draining(hub: iqbridge.Hub) -> None:
+    """Ctrl-C inside ``with Worker(...)``: what is in process finishes, the backlog goes
+    back at once instead of being worked through first."""
+    queue = hub.queue("interrupted")
+    queue.put_many([{"key": "k", "seq": s} for s in range(20)], to=[SUB], ordering_key="k")
+    started = threading.Event()
+
+    def slow(payload: dict[str, object]) -> float:
+        started.set()
+        return 0.3
+
+    handler = Recorder(work=slow)
+    begin = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), Worker(queue, SUB, handler, threads=2, poll=0.05) as w:
+        wait_for(lambda: started.is_set() and w.stats.held == 20)
+        begin = time.monotonic()
+        raise KeyboardInterrupt
+    assert time.monotonic() - begin < 3
+    assert [c.seq for c in handler.calls] == [0]
+    stats = w.stats
+    assert (stats.done, stats.released, stats.held) == (1, 19, 0)
+    back = queue.search(state=S.AVAILABLE, subscriber=SUB, limit=100)
+    assert len(back) == 19
+
+
+@pytest.mark.parametrize("failures", [2, 100], ids=["index-back-soon", "index-gone"])
+def test_giving_back_survives_an_unreachable_index(
+    hub: iqbridge.Hub, monkeypatch: pytest.MonkeyPatch, failures: int
+) -> None:
+    """The give-back commit is retried while the index is briefly away; if it stays
+    away, the worker still stops and the messages, FETCHED under their lease, come back
+    when it runs out: nothing is lost either way."""
+    queue = hub.queue("unreachable", lease=0.5)
+    ids = queue.put_many([{"key": "k", "seq": s} for s in range(10)], to=[SUB], ordering_key="k")
+    started, gate = threading.Event(), threading.Event()
+
+    def hold(payload: dict[str, object]) -> float:
+        started.set()
+        gate.wait(10)
+        return 0.0
+
+    worker = Worker(queue, SUB, Recorder(work=hold), threads=2, poll=0.05)
+    worker.start()
+    wait_for(lambda: started.is_set() and worker.stats.held == 10)
+    real, calls = queue._settle_many, []
+
+    def flaky(moves: Any, transaction: object = None, partial: bool = False) -> Any:
+        calls.append(len(moves))
+        if len(calls) <= failures:
+            raise iqbridge.IndexUnavailable("the index went away")
+        return real(moves, transaction, partial)
+
+    monkeypatch.setattr(queue, "_settle_many", flaky)
+    worker.request_stop(drain=False)
+    gate.set()
+    worker.stop(timeout=10)
+    monkeypatch.undo()
+    stats = worker.stats
+    assert (stats.done, stats.held) == (1, 0)
+    waiting = [S.FETCHED] if failures > 2 else [S.AVAILABLE]
+    assert {queue.state(m).subscribers[SUB].state for m in ids[1:]} == set(waiting)
+    assert stats.released == (9 if failures == 2 else 0)
+    time.sleep(0.6)
+    queue.recover()
+    assert {queue.state(m).subscribers[SUB].state for m in ids[1:]} == {S.AVAILABLE}
+
+
 def test_run_stops_after_max_messages(any_hub: iqbridge.Hub) -> None:
     queue = any_hub.queue("count")
     put_interleaved(queue, ["a", "b", "c"], per_key=10)
