@@ -313,7 +313,7 @@ def test_worker_with_default_and_custom_handler(
     assert "no_such_mod_xyz" in line
 
 
-def test_worker_process_stops_cleanly_on_ctrl_c_after_finishing_its_messages(sqlite_url: str) -> None:
+def test_worker_process_stops_cleanly_on_ctrl_c_after_its_messages(sqlite_url: str) -> None:
     with iqbridge.connect(sqlite_url) as hub:
         hub.queue("orders").put_many(["a", "b"], to=["s"])
     proc = subprocess.Popen(
