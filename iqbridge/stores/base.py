@@ -30,9 +30,11 @@ from iqbridge.model import (
     Retained,
     Subscriptions,
 )
+from iqbridge.writes import Writes
 
 __all__ = [
     "AvailableQueries",
+    "BatchWrites",
     "Counting",
     "IndexStore",
     "LateJournal",
@@ -73,6 +75,18 @@ class AvailableQueries:
     def redeliverable(self, queue: str, subscriber: str, now: int, limit: int) -> list[str]:
         """Available ids on attempt 2 or later."""
         return self._available(queue, subscriber, now, limit, None, 2)
+
+
+class BatchWrites:
+    """:meth:`IndexStore.commit_writes` as one :meth:`IndexStore.commit_each` of a change
+    per message: what a store without a batch form of its own commits."""
+
+    def commit_each(self, changes: Sequence[Change]) -> list[bool]:
+        raise NotImplementedError
+
+    def commit_writes(self, writes: Writes) -> list[bool]:
+        """Commit a batch's writes (see :meth:`IndexStore.commit_writes`)."""
+        return self.commit_each(writes.as_changes()) if len(writes) else []
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +131,18 @@ class IndexStore(Protocol):
         apply. This is the batch path (claims and settlements of many deliveries): a
         message another consumer won is simply left out.
         """
+        ...
+
+    def commit_writes(self, writes: Writes) -> list[bool]:
+        """Commit a batch's writes (:class:`~iqbridge.writes.Writes`) in one round trip
+        (one transaction where the store has them), as :meth:`commit_each` does: every
+        record whose compare-and-set holds (a created one: whose msg_id is free), with
+        its journal entries; the others write nothing.
+
+        Returns one flag per record, in the order ``created``, ``moved``, ``changes``.
+        Journal entries are numbered in the order :meth:`Writes.flat
+        <iqbridge.writes.Writes.flat>` gives them, after those of ``changes``' or before
+        them as the store's layout prefers, each message's in order."""
         ...
 
     def load(self, msg_id: str) -> MessageRecord:

@@ -23,7 +23,7 @@ from iqbridge.model import (
 )
 from iqbridge.redaction import redact
 from iqbridge.states import PublisherState, SubscriberState
-from iqbridge.stores.base import AvailableQueries, PurgedMessage, StaleRecord
+from iqbridge.stores.base import AvailableQueries, BatchWrites, PurgedMessage, StaleRecord
 from iqbridge.stores.codec import matches, summary
 
 __all__ = ["MemoryStore"]
@@ -31,7 +31,7 @@ __all__ = ["MemoryStore"]
 _AVAILABLE = SubscriberState.AVAILABLE
 
 
-class MemoryStore(AvailableQueries):
+class MemoryStore(AvailableQueries, BatchWrites):
     """An index store in process memory. Thread-safe; not shared across processes."""
 
     _named: ClassVar[dict[str, MemoryStore]] = {}

@@ -53,7 +53,7 @@ from iqbridge.errors import ConfigurationError
 from iqbridge.ids import new_token
 from iqbridge.model import Subscriptions
 from iqbridge.states import PublisherState
-from iqbridge.stores.base import PurgedMessage
+from iqbridge.stores.base import BatchWrites, PurgedMessage
 from iqbridge.stores.codec import subscriptions_from_json, subscriptions_to_json
 from iqbridge.stores.redis_base import transient
 from iqbridge.stores.redis_commit import RedisCommits
@@ -116,7 +116,7 @@ def _float_option(opts: dict[str, str], name: str, default: float, url: str) -> 
     return value
 
 
-class RedisStore(RedisCommits, RedisReads):
+class RedisStore(RedisCommits, RedisReads, BatchWrites):
     """The index in Redis (see the module docstring). Thread-safe; fork-safe."""
 
     @classmethod
