@@ -62,7 +62,7 @@ def test_create_is_new_message(
 ) -> None:
     audience = _audience(pooled, extra)
     items = [
-        ("m%d" % i, "pub", None, None, i % 10, (), NOW + ttl if ttl else None, "text/plain", 3)
+        (f"m{i}", "pub", None, None, i % 10, (), NOW + ttl if ttl else None, "text/plain", 3)
         for i in range(count)
     ]
     records, journal = engine_batch.create("q", audience, NOW, items, confirm=confirm)
