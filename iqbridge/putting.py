@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from iqbridge import engine
+from iqbridge import engine, engine_batch
 from iqbridge.durations import to_seconds
 from iqbridge.engine import Change
 from iqbridge.errors import (
@@ -27,6 +27,7 @@ from iqbridge.queue_core import CAS_ATTEMPTS
 from iqbridge.redaction import get_logger
 from iqbridge.stores.base import StaleRecord
 from iqbridge.subscribing import AudienceSpec, Subscribing
+from iqbridge.writes import Writes
 
 _MSG_ID_MAX = 128
 
@@ -249,7 +250,8 @@ class Putting(Subscribing):
         now = self._now()
         limit = min(self.max_bytes, self._adapter.capabilities.max_payload_bytes)
         envelopes: list[Envelope] = []
-        changes: list[Change] = []
+        items: list[engine_batch.NewItem] = []
+        retain: list[Retained | None] = []
         groups = (*audience.subscribers, *(p.name for p in audience.pools))
         for i, (payload, spec) in enumerate(pairs):
             body, ctype = encode(payload, spec.content_type)
@@ -273,39 +275,44 @@ class Putting(Subscribing):
                     expires_at=expires_at,
                 )
             )
-            changes.append(
-                engine.new_message(
-                    msg_id=msg_id,
-                    queue=self.name,
-                    publisher=spec.publisher,
-                    audience=audience,
-                    now=now,
-                    ordering_key=spec.ordering_key,
-                    correlation_id=spec.correlation_id,
-                    priority=spec.priority,
-                    parents=spec.parents,
-                    expires_at=expires_at,
-                    max_attempts=self.retry.max_attempts,
-                    content_type=ctype,
-                    size=len(body),
-                    confirm=confirm,
+            items.append(
+                (
+                    msg_id,
+                    spec.publisher,
+                    spec.ordering_key,
+                    spec.correlation_id,
+                    spec.priority,
+                    tuple(spec.parents),
+                    expires_at,
+                    ctype,
+                    len(body),
                 )
             )
             if self.retain:
                 # The broker forgets: a copy beside the index, in the same commit.
-                changes[-1].retain = Retained(body, spec.headers)
+                retain.append(Retained(body, spec.headers))
         if not envelopes:
             return []
+        records, journal = engine_batch.create(
+            self.name,
+            audience,
+            now,
+            items,
+            confirm=confirm,
+            max_attempts=self.retry.max_attempts,
+        )
+        writes = Writes(self.name, created=records, retain=retain, journal=journal)
         if ids is not None:
-            self._put_idempotent(audience, envelopes, changes)
+            self._put_idempotent(audience, envelopes, writes.as_changes())
         elif self._shared_txn:
             with self._store.atomic():
                 refs = self._adapter.send(self.name, envelopes)
-                for change, ref in zip(changes, refs, strict=True):
-                    change.record.native_ref = ref
-                self._store.commit_many(changes)
+                for rec, ref in zip(records, refs, strict=True):
+                    rec.native_ref = ref
+                if not all(self._store.commit_writes(writes)):
+                    raise StaleRecord(records[0].msg_id)  # a new id taken: nothing stays
         else:
-            self._put_via_broker(audience, envelopes, changes)
+            self._put_via_broker(audience, envelopes, writes.as_changes())
         self.hub.notify()
         return [e.msg_id for e in envelopes]
 

@@ -86,7 +86,8 @@ class BatchWrites:
 
     def commit_writes(self, writes: Writes) -> list[bool]:
         """Commit a batch's writes (see :meth:`IndexStore.commit_writes`)."""
-        return self.commit_each(writes.as_changes()) if len(writes) else []
+        # Through the class: one round trip, however a caller wraps the instance's methods.
+        return type(self).commit_each(self, writes.as_changes()) if len(writes) else []
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from iqbridge.states import ActorKind, Mode, PublisherState, SubscriberState
 
 __all__ = [
     "JOURNAL_PER_ROW",
+    "batch_entries_to_json",
     "counted",
     "encode",
     "entries_from_json",
@@ -192,15 +193,50 @@ def entries_to_json(entries: Sequence[JournalEntry]) -> str:
     )
 
 
+def batch_entries_to_json(groups: Sequence[Sequence[Any]]) -> str:
+    """The templated journal entries of a batch (:class:`~iqbridge.writes.Steps`) as one
+    journal row: ``{"b": [[at, [[actor, kind, src, dst, detail], ...], [[msg_id,
+    attempt], ...]], ...]}``. Every message of a group made every step of it."""
+    return encode({"b": groups})
+
+
 def entries_from_json(
     row_seq: int, msg_id: str, queue: str, text: str | bytes
 ) -> list[JournalEntry]:
-    """The entries of one journal row, numbered ``row_seq * JOURNAL_PER_ROW + position``."""
+    """The entries of one journal row, numbered ``row_seq * JOURNAL_PER_ROW + position``:
+    one change's (an array, ``msg_id`` beside it) or a batch's (an object, see
+    :func:`batch_entries_to_json`), expanded group by group, message by message, step by
+    step."""
     base = row_seq * JOURNAL_PER_ROW
-    return [
-        JournalEntry(msg_id, queue, e[0], _KIND[e[1]], e[2], e[3], e[4], e[5], e[6], base + i)
-        for i, e in enumerate(orjson.loads(text))
-    ]
+    data = orjson.loads(text)
+    if isinstance(data, list):
+        return [
+            JournalEntry(msg_id, queue, e[0], _KIND[e[1]], e[2], e[3], e[4], e[5], e[6], base + i)
+            for i, e in enumerate(data)
+        ]
+    out: list[JournalEntry] = []
+    pos = base
+    publisher = ActorKind.PUBLISHER
+    for at, steps, items in data["b"]:
+        kinds = [_KIND[s[1]] for s in steps]
+        for mid, attempt in items:
+            for s, kind in zip(steps, kinds, strict=True):
+                out.append(
+                    JournalEntry(
+                        mid,
+                        queue,
+                        s[0],
+                        kind,
+                        s[2],
+                        s[3],
+                        at,
+                        1 if kind is publisher else attempt,
+                        s[4],
+                        pos,
+                    )
+                )
+                pos += 1
+    return out
 
 
 def subscriptions_to_json(subs: Subscriptions) -> str:

@@ -227,7 +227,8 @@ class SqliteStore(SqliteCommits, AvailableQueries, BatchWrites):
                 chunk,
             )
             for r in rows:
-                out.extend(_unpack(r))
+                # A batch's row holds other messages' entries too.
+                out.extend(e for e in _unpack(r) if e.msg_id == msg_id)
         return out
 
     def counts(self, queue: str) -> QueueCounts:

@@ -12,13 +12,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from iqbridge.engine import Change
+from iqbridge.model import MessageRecord
 from iqbridge.states import ActorKind, SubscriberState
 from iqbridge.stores.base import StaleRecord
 from iqbridge.stores.codec import JOURNAL_PER_ROW as _PER_ROW
-from iqbridge.stores.codec import encode
+from iqbridge.stores.codec import batch_entries_to_json, encode
 from iqbridge.stores.codec import entries_to_json as _entries_json
 from iqbridge.stores.codec import members_to_json as _members_json
 from iqbridge.stores.sqlite_database import SqliteDatabase, _translate
+from iqbridge.writes import Writes
 
 __all__ = ["SqliteCommits"]
 
@@ -29,6 +31,13 @@ _INSERT_MSG = (
     " members, journal, next_due) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _INSERT_ABSENT = _INSERT_MSG + " ON CONFLICT (msg_id) DO NOTHING"
+_INSERT_SEQ = (
+    "INSERT INTO iq_messages (seq, msg_id, queue, publisher, ordering_key, correlation_id,"
+    " priority, mode, parents, native_ref, content_type, size, created_at, expires_at,"
+    " max_attempts, publisher_state, withdrawn, updated_at, lock_id, lock_owner, lock_until,"
+    " version, members, journal, next_due)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
 _INSERT_PAYLOAD = "INSERT OR REPLACE INTO iq_payloads (msg_id, body, headers) VALUES (?,?,?)"
 _UPDATE_MSG = (
     "UPDATE iq_messages SET publisher_state=?, withdrawn=?, updated_at=?, lock_id=?,"
@@ -42,6 +51,13 @@ _INSERT_READY = (
 _DELETE_READY = "DELETE FROM iq_ready WHERE queue=? AND subscriber=? AND priority=? AND seq=?"
 _INSERT_JOURNAL = "INSERT INTO iq_journal (seq, msg_id, queue, entries) VALUES (?,?,?,?)"
 # Journal entries of one change share a row; entry seq = row seq * _PER_ROW + position.
+# A batch's templated entries share a row too (msg_id ''; see codec.batch_entries_to_json).
+_UPDATE_MOVED = (
+    "UPDATE iq_messages SET publisher_state=?, withdrawn=?, updated_at=?, lock_id=?,"
+    " lock_owner=?, lock_until=?, version=?, members=?, journal=journal || ?,"
+    " next_due=? WHERE seq=? AND version=?"
+)
+_CHUNK = 500
 
 _AVAILABLE = SubscriberState.AVAILABLE
 
@@ -64,6 +80,203 @@ class SqliteCommits:
         message: whose msg_id is not taken); skip the others, and later changes of a
         message already in the batch. One flag per change: applied or not."""
         return self._commit(changes, each=True)
+
+    def commit_writes(self, writes: Writes) -> list[bool]:
+        """Commit a batch's writes in one transaction: the compare-and-set of every
+        record checked under the write lock first, then one multi-row statement per table
+        (message rows, ready rows, payload copies) and the templated journal entries of
+        what holds in as few journal rows as they fit."""
+        if not len(writes):
+            return []
+        try:
+            with self.db.transaction(savepoint=True) as conn:
+                created = self._free(conn, writes)
+                moved = self._holding(conn, writes)
+                ok = {r.msg_id for r, f in zip(writes.created, created, strict=True) if f}
+                ok.update(a.msg_id for (_, a), f in zip(writes.moved, moved, strict=True) if f)
+                seqs = self._batch_journal(conn, writes, ok)
+                self._insert(conn, writes, created, seqs)
+                self._update(conn, writes, moved, seqs)
+                rest = self._commit(writes.changes, each=True) if writes.changes else []
+        except sqlite3.IntegrityError as exc:
+            raise StaleRecord(writes.created[0].msg_id if writes.created else "?") from exc
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.db.path) from exc
+        return created + moved + rest
+
+    @staticmethod
+    def _free(conn: sqlite3.Connection, writes: Writes) -> list[bool]:
+        """Which new records' msg_ids are free (the first of one repeated in the batch)."""
+        ids = [r.msg_id for r in writes.created]
+        taken: set[str] = set()
+        for i in range(0, len(ids), _CHUNK):
+            chunk = ids[i : i + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            taken.update(
+                r[0]
+                for r in conn.execute(
+                    f"SELECT msg_id FROM iq_messages WHERE msg_id IN ({marks})", chunk
+                )
+            )
+        flags: list[bool] = []
+        for msg_id in ids:
+            flags.append(msg_id not in taken)
+            taken.add(msg_id)
+        return flags
+
+    @staticmethod
+    def _holding(conn: sqlite3.Connection, writes: Writes) -> list[bool]:
+        """Which moved records still have the version they were moved from (the first
+        move of a record moved twice in the batch)."""
+        seqs = [b.seq for b, _ in writes.moved]
+        current: dict[int, int] = {}
+        for i in range(0, len(seqs), _CHUNK):
+            chunk = seqs[i : i + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            current.update(
+                conn.execute(f"SELECT seq, version FROM iq_messages WHERE seq IN ({marks})", chunk)
+            )
+        flags: list[bool] = []
+        for before, _ in writes.moved:
+            held = before.seq is not None and current.get(before.seq) == before.version
+            if held:
+                current[before.seq] = -1  # type: ignore[index]
+            flags.append(held)
+        return flags
+
+    def _batch_journal(
+        self, conn: sqlite3.Connection, writes: Writes, ok: set[str]
+    ) -> dict[str, str]:
+        """Write the templated journal of what holds, in rows of fewer than ``_PER_ROW``
+        entries; the row numbers each message's entries went to, by msg_id."""
+        rows: list[list[Any]] = [[]]
+        size = 0
+        for group in writes.journal:
+            steps = [[s.actor, s.kind, s.src, s.dst, s.detail] for s in group.steps]
+            per = max(len(steps), 1)
+            items = [[m, a] for m, a in group.items if m in ok]
+            while items:
+                room = (_PER_ROW - 1 - size) // per
+                if room <= 0:
+                    rows.append([])
+                    size = 0
+                    continue
+                part, items = items[:room], items[room:]
+                rows[-1].append([group.at, steps, part])
+                size += per * len(part)
+        rows = [r for r in rows if r]
+        if not rows:
+            return {}
+        row = conn.execute("SELECT max(seq) FROM iq_journal").fetchone()
+        first = int(row[0] or 0) + 1
+        where: dict[str, list[str]] = {}
+        for n, groups in enumerate(rows):
+            for _, _, items in groups:
+                for msg_id, _ in items:
+                    rows_of = where.setdefault(msg_id, [])
+                    if not rows_of or rows_of[-1] != str(first + n):
+                        rows_of.append(str(first + n))
+        conn.executemany(
+            _INSERT_JOURNAL,
+            [(first + n, "", writes.queue, batch_entries_to_json(g)) for n, g in enumerate(rows)],
+        )
+        return {msg_id: ",".join(v) for msg_id, v in where.items()}
+
+    @staticmethod
+    def _insert(
+        conn: sqlite3.Connection, writes: Writes, flags: list[bool], seqs: dict[str, str]
+    ) -> None:
+        """Insert the new records that hold, their ready rows and payload copies."""
+        if not writes.created:
+            return
+        row = conn.execute("SELECT max(seq) FROM iq_messages").fetchone()
+        seq = int(row[0] or 0)
+        rows: list[tuple[Any, ...]] = []
+        ready: list[tuple[Any, ...]] = []
+        payloads: list[tuple[str, bytes, str]] = []
+        for i, (rec, ok) in enumerate(zip(writes.created, flags, strict=True)):
+            if not ok:
+                continue
+            seq += 1
+            rec.seq = seq
+            rows.append(
+                (
+                    seq,
+                    rec.msg_id,
+                    rec.queue,
+                    rec.publisher,
+                    rec.ordering_key,
+                    rec.correlation_id,
+                    rec.priority,
+                    rec.mode,
+                    json.dumps(rec.parents) if rec.parents else None,
+                    rec.native_ref,
+                    rec.content_type,
+                    rec.size,
+                    rec.created_at,
+                    rec.expires_at,
+                    rec.max_attempts,
+                    rec.publisher_state,
+                    int(rec.withdrawn),
+                    rec.updated_at,
+                    rec.lock_id,
+                    rec.lock_owner,
+                    rec.lock_until,
+                    rec.version,
+                    _members_json(rec),
+                    seqs.get(rec.msg_id, ""),
+                    rec.due_at(),
+                )
+            )
+            for m in rec.members.values():
+                if m.state is _AVAILABLE:
+                    ready.append((rec.queue, m.subscriber, rec.priority, seq, m.attempt, None))
+            kept = writes.retain[i] if writes.retain else None
+            if kept is not None:
+                payloads.append((rec.msg_id, bytes(kept.body), encode(dict(kept.headers))))
+        if rows:
+            conn.executemany(_INSERT_SEQ, rows)
+        if ready:
+            conn.executemany(_INSERT_READY, ready)
+        if payloads:
+            conn.executemany(_INSERT_PAYLOAD, payloads)
+
+    @staticmethod
+    def _update(
+        conn: sqlite3.Connection, writes: Writes, flags: list[bool], seqs: dict[str, str]
+    ) -> None:
+        """Update the moved records that hold, and the ready rows of their members."""
+        rows: list[tuple[Any, ...]] = []
+        add: list[tuple[Any, ...]] = []
+        drop: list[tuple[Any, ...]] = []
+        for (before, rec), ok in zip(writes.moved, flags, strict=True):
+            if not ok:
+                continue
+            rec.seq = before.seq
+            more = seqs.get(rec.msg_id)
+            rows.append(
+                (
+                    rec.publisher_state,
+                    int(rec.withdrawn),
+                    rec.updated_at,
+                    rec.lock_id,
+                    rec.lock_owner,
+                    rec.lock_until,
+                    rec.version,
+                    _members_json(rec),
+                    "," + more if more else "",
+                    rec.due_at(),
+                    before.seq,
+                    before.version,
+                )
+            )
+            _ready_delta(before, rec, add, drop)
+        if rows:
+            conn.executemany(_UPDATE_MOVED, rows)
+        if drop:
+            conn.executemany(_DELETE_READY, drop)
+        if add:
+            conn.executemany(_INSERT_READY, add)
 
     def _commit(self, changes: Sequence[Change], *, each: bool) -> list[bool]:
         applied: list[bool] = []
@@ -226,3 +439,21 @@ class SqliteCommits:
                 )
         except sqlite3.Error as exc:
             raise _translate(exc, self.db.path) from exc
+
+
+def _ready_delta(
+    before: MessageRecord,
+    after: MessageRecord,
+    add: list[tuple[Any, ...]],
+    drop: list[tuple[Any, ...]],
+) -> None:
+    """The ready rows a move changes: those of members that left or entered AVAILABLE."""
+    for name, m in after.members.items():
+        old = before.members.get(name)
+        if m is old:
+            continue
+        key = (after.queue, name, after.priority, after.seq)
+        if m.state is _AVAILABLE:
+            add.append((*key, m.attempt, m.not_before))
+        elif old is not None and old.state is _AVAILABLE:
+            drop.append(key)

@@ -32,7 +32,7 @@ P = PublisherState
 S = SubscriberState
 
 #: Index writes: every method of a store that commits.
-_COMMITS = ("commit", "commit_many", "commit_each")
+_COMMITS = ("commit", "commit_many", "commit_each", "commit_writes")
 #: Broker reads: every adapter method that hands over or reads payloads.
 _READS = ("receive", "receive_indexed", "read", "read_many")
 

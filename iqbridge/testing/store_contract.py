@@ -25,6 +25,7 @@ from iqbridge.testing.store_contract_batches import BatchCommitTests
 from iqbridge.testing.store_contract_commits import CommitTests
 from iqbridge.testing.store_contract_queries import QueryTests
 from iqbridge.testing.store_contract_retained import RetainedCopyTests
+from iqbridge.testing.store_contract_writes import BatchWriteTests
 
 __all__ = [
     "SEC",
@@ -36,7 +37,9 @@ __all__ = [
 ]
 
 
-class IndexStoreContract(CommitTests, QueryTests, BatchCommitTests, RetainedCopyTests):
+class IndexStoreContract(
+    CommitTests, QueryTests, BatchCommitTests, RetainedCopyTests, BatchWriteTests
+):
     """Store-level behaviour every index store shares; see the module docstring.
 
     The tests live in groups, one module each:
@@ -44,7 +47,8 @@ class IndexStoreContract(CommitTests, QueryTests, BatchCommitTests, RetainedCopy
     transactions), :mod:`~iqbridge.testing.store_contract_queries` (claim order, due
     work, history and journal, search, purge, queues and subscriptions),
     :mod:`~iqbridge.testing.store_contract_batches` (``commit_each``, ``load_many``,
-    ``set_native_refs``) and :mod:`~iqbridge.testing.store_contract_retained` (retained
-    payload copies); hooks, fixtures and helpers are in
+    ``set_native_refs``), :mod:`~iqbridge.testing.store_contract_retained` (retained
+    payload copies) and :mod:`~iqbridge.testing.store_contract_writes` (a batch's writes
+    with its journal as templates, ``commit_writes``); hooks, fixtures and helpers are in
     :mod:`~iqbridge.testing.store_contract_base`.
     """
