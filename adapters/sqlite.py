@@ -51,6 +51,20 @@ _INSERT = (
 )
 
 
+_INSERT_REF = (
+    "INSERT INTO iq_queue_rows (ref, queue, msg_id, body, content_type, headers, publisher,"
+    " correlation_id, priority, ordering_key, parents, put_at)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+
+
+def _next_ref(conn: sqlite3.Connection) -> int:
+    """The reference the next queue row gets (as AUTOINCREMENT would number it)."""
+    used = conn.execute("SELECT max(ref) FROM iq_queue_rows").fetchone()[0] or 0
+    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name='iq_queue_rows'").fetchone()
+    return int(max(used, row[0] if row else 0)) + 1
+
+
 class SqliteAdapter:
     """The embedded queue: payload rows beside the index in one SQLite file."""
 
@@ -100,7 +114,13 @@ class SqliteAdapter:
         try:
             # One row fails before writing anything: no savepoint needed for it.
             with self.db.transaction(savepoint=len(rows) > 1) as conn:
-                return [str(conn.execute(_INSERT, row).lastrowid) for row in rows]
+                if len(rows) == 1:
+                    return [str(conn.execute(_INSERT, rows[0]).lastrowid)]
+                # Under the write lock the next references are ours: numbered here, the
+                # rows go in with one statement (AUTOINCREMENT: never below a used one).
+                first = _next_ref(conn)
+                conn.executemany(_INSERT_REF, [(first + i, *row) for i, row in enumerate(rows)])
+                return [str(first + i) for i in range(len(rows))]
         except sqlite3.Error as exc:
             raise IndexUnavailable(f"SQLite queue {str(self.db.path)!r}: {exc}") from exc
 

@@ -230,8 +230,12 @@ class Delivery:
         )
 
     def _moved(self, change: Change) -> None:
-        self._record = change.record
-        state = change.record.members[self.subscriber].state
+        self._settled(change.record)
+
+    def _settled(self, record: MessageRecord) -> None:
+        """The delivery's message is now ``record``: its state follows."""
+        self._record = record
+        state = record.members[self.subscriber].state
         if state is not None:
             self.state = state
 

@@ -8,7 +8,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 
-from iqbridge import engine
+from iqbridge import engine, engine_batch
 from iqbridge.adapter import LocksNatively
 from iqbridge.batch import Batch
 from iqbridge.delivery import Delivery
@@ -24,6 +24,7 @@ from iqbridge.redaction import get_logger
 from iqbridge.settling import Settling
 from iqbridge.states import IN_DOUBT, TERMINAL, SubscriberState
 from iqbridge.stores.base import StaleRecord
+from iqbridge.writes import Steps, Writes
 
 _RECEIVE_SKIPS = 100
 
@@ -251,7 +252,9 @@ class Getting(Settling, Housekeeping):
         its own out again, in key order)."""
         store = self._store
         fenced = self._fenced if owned_only else None
-        claims: list[tuple[MessageRecord, Change, str]] = []
+        # (record before, record after, token, the per-message change off the common path)
+        claims: list[tuple[MessageRecord, MessageRecord, str, Change | None]] = []
+        journal: list[Steps] = []
         with store.atomic():
             # Waiting for another process's write lock can take a while: the claim
             # happens once we hold the transaction, so stamp it and start its lease then.
@@ -264,6 +267,7 @@ class Getting(Settling, Housekeeping):
                 chunk = ids[pos : pos + want - len(claims)]
                 pos += len(chunk)
                 recs = store.load_many(chunk)
+                cands: list[MessageRecord] = []
                 for msg_id in chunk:
                     rec = recs.get(msg_id)
                     if rec is None or rec.queue != self.name:
@@ -276,57 +280,98 @@ class Getting(Settling, Housekeeping):
                             or not fenced.owns(self.name, member.pool or subscriber, rec.native_ref)
                         ):
                             continue
-                    token = new_token()
-                    try:
-                        change = engine.claim(
-                            rec,
-                            subscriber,
-                            at,
-                            token=token,
-                            owner=owner,
-                            lease_until=until,
-                            lock_id=lock_id,
-                        )
-                    except (IllegalTransition, LockedError):
-                        continue
                     if rec.native_ref is None and at - rec.created_at < self.lease * 1_000_000:
                         # Put through the broker apart from the index (another store): the
                         # payload's reference is recorded just after the record. Not yet.
                         continue
-                    claims.append((rec, change, token))
+                    cands.append(rec)
+                claims += self._decide_claims(cands, subscriber, at, owner, until, lock_id, journal)
             if not claims:
                 return []
-            envs = self._envelopes([rec for rec, _, _ in claims])
-            changes: list[Change] = []
-            for rec, change, token in claims:
-                if rec.msg_id in envs:
-                    changes.append(change)
+            envs = self._envelopes([before for before, _, _, _ in claims])
+            writes = Writes(self.name)
+            for before, after, token, change in claims:
+                if before.msg_id in envs:
+                    if change is None:
+                        writes.moved.append((before, after))
+                    else:
+                        writes.changes.append(change)
                 elif self._native and not self._reads_by_ref:
                     # A broker that forgets, and no retained copy (retain=False): only the
                     # broker can hand it over again, from the entry it still holds.
-                    self._wake(rec)
+                    self._wake(before)
                 else:
-                    changes.append(self._payload_missing(rec, subscriber, token, owner, at))
-            applied = store.commit_each(changes) if changes else []
+                    missing = self._payload_missing(before, subscriber, token, owner, at)
+                    writes.changes.append(missing)
+            held = {a.msg_id for _, a in writes.moved}
+            for group in journal:
+                group.items = [it for it in group.items if it[0] in held]
+            writes.journal = journal
+            flags = store.commit_writes(writes) if len(writes) else []
+        done = {a.msg_id: a for (_, a), ok in zip(writes.moved, flags, strict=False) if ok}
+        for change, ok in zip(writes.changes, flags[len(writes.moved) :], strict=True):
+            if ok:
+                done[change.msg_id] = change.record
         out: list[Delivery] = []
-        done = {c.msg_id for c, ok in zip(changes, applied, strict=True) if ok}
         if lock_id is not None and done and isinstance(self._adapter, LocksNatively):
-            refs = [r.native_ref for r, _, _ in claims if r.msg_id in done and r.native_ref]
+            refs = [b.native_ref for b, _, _, _ in claims if b.msg_id in done and b.native_ref]
             self._broker_call(
                 functools.partial(self._adapter.unlock_natively, self.name, lock_id, refs)
             )
-        for rec, change, token in claims:
-            env = envs.get(rec.msg_id)
-            if rec.msg_id not in done or env is None:
+        for before, _, token, _ in claims:
+            claimed = done.get(before.msg_id)
+            env = envs.get(before.msg_id)
+            if claimed is None or env is None:
                 continue
             if lock_id is not None:
-                self._wake(change.record)  # the lock is gone for the other members too
-            member = change.record.members[subscriber]
+                self._wake(claimed)  # the lock is gone for the other members too
+            attempt = claimed.members[subscriber].attempt
             out.append(
-                Delivery(
-                    self, env, subscriber, token, member.attempt, rec.max_attempts, change.record
-                )
+                Delivery(self, env, subscriber, token, attempt, before.max_attempts, claimed)
             )
+        return out
+
+    def _decide_claims(
+        self,
+        recs: Sequence[MessageRecord],
+        subscriber: str,
+        at: int,
+        owner: str,
+        until: int | None,
+        lock_id: str | None,
+        journal: list[Steps],
+    ) -> list[tuple[MessageRecord, MessageRecord, str, Change | None]]:
+        """GET then FETCHED for ``subscriber`` on each record: the common path in one
+        pass of the batch engine (its journal added to ``journal``), the others one at a
+        time by the engine; records that cannot be claimed (taken, locked, ...) are left
+        out."""
+        tokens = [new_token() for _ in recs]
+        out: list[tuple[MessageRecord, MessageRecord, str, Change | None]] = []
+        if lock_id is None:
+            moved, steps, off = engine_batch.claim(
+                recs, subscriber, at, tokens, owner=owner, lease_until=until
+            )
+            journal += steps
+            skip = set(off)
+            on = [i for i in range(len(recs)) if i not in skip]
+            out += [(b, a, tokens[i], None) for i, (b, a) in zip(on, moved, strict=True)]
+        else:
+            off = list(range(len(recs)))
+        for i in off:
+            rec = recs[i]
+            try:
+                change = engine.claim(
+                    rec,
+                    subscriber,
+                    at,
+                    token=tokens[i],
+                    owner=owner,
+                    lease_until=until,
+                    lock_id=lock_id,
+                )
+            except (IllegalTransition, LockedError):
+                continue
+            out.append((rec, change.record, tokens[i], change))
         return out
 
     def _payload_missing(

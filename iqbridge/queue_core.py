@@ -133,15 +133,15 @@ class QueueCore:
                     store.commit(change)
                 except StaleRecord:
                     continue
-                self._note_redeliveries(change)
+                self._note_redeliveries(change.record)
                 return change
         raise ConcurrentUpdate(msg_id, CAS_ATTEMPTS)
 
-    def _note_redeliveries(self, change: Change) -> None:
+    def _note_redeliveries(self, rec: MessageRecord) -> None:
         """Native-group brokers: a member given back (released, reopened, re-revealed,
         lease lapsed) is found through the index; its subscriber's next get asks at once."""
         if self._native:
-            for m in change.record.members.values():
+            for m in rec.members.values():
                 if m.attempt > 1 and m.state is SubscriberState.AVAILABLE:
                     self.hub.redeliveries.add((self.name, m.subscriber))
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from iqbridge import engine
+from iqbridge import engine, engine_batch
 from iqbridge.adapter import AcksInTransaction
 from iqbridge.durations import seconds, to_seconds
 from iqbridge.engine import Change
@@ -22,6 +22,7 @@ from iqbridge.queue_core import QueueCore
 from iqbridge.redaction import get_logger
 from iqbridge.states import IN_DOUBT, PublisherState
 from iqbridge.transaction import Binding, Transaction, driver_connection, join
+from iqbridge.writes import Writes
 
 if TYPE_CHECKING:
     from iqbridge.delivery import Delivery
@@ -95,17 +96,16 @@ class Settling(QueueCore):
         change = self._apply(msg_id, self._op(move, subscriber, token), hint)
         assert change is not None
         if self._native or move.kind == "release":
-            self._tell_broker([(change, subscriber, move)])
+            self._tell_broker([(change.record, subscriber, move)])
         return change
 
-    def _tell_broker(self, moved: Sequence[tuple[Change, str, Move]]) -> None:
+    def _tell_broker(self, moved: Sequence[tuple[MessageRecord, str, Move]]) -> None:
         """What the broker hears once the index holds the outcomes: one acknowledgement
         per group for what is DONE, a dead letter per UNUSABLE; given-back messages wake
         this process's getters."""
         acks: dict[str, list[str]] = {}
         wake = False
-        for change, subscriber, move in moved:
-            rec = change.record
+        for rec, subscriber, move in moved:
             if move.kind == "release":
                 wake = True
             elif move.kind in ("done", "unusable") and self._native and rec.native_ref:
@@ -124,7 +124,10 @@ class Settling(QueueCore):
             self.hub.notify()
 
     def _tell_after_commit(
-        self, binding: Binding, transaction: object, told: Sequence[tuple[Change, str, Move]]
+        self,
+        binding: Binding,
+        transaction: object,
+        told: Sequence[tuple[MessageRecord, str, Move]],
     ) -> None:
         """What the broker must hear of moves made in the application's transaction.
         An acknowledgement the broker can make in that same transaction
@@ -136,10 +139,10 @@ class Settling(QueueCore):
         conn = driver_connection(transaction) if self._native else None
         if conn is not None and isinstance(adapter, AcksInTransaction):
             acks: dict[str, list[str]] = {}
-            for change, subscriber, move in told:
-                if move.kind == "done" and change.record.native_ref:
-                    group = self._group_of(change.record, subscriber)
-                    acks.setdefault(group, []).append(change.record.native_ref)
+            for rec, subscriber, move in told:
+                if move.kind == "done" and rec.native_ref:
+                    group = self._group_of(rec, subscriber)
+                    acks.setdefault(group, []).append(rec.native_ref)
             for group, refs in acks.items():
                 done = adapter.ack_in(conn, self.name, group, refs)
                 joined.update((group, ref) for ref in done)
@@ -148,11 +151,9 @@ class Settling(QueueCore):
                         functools.partial(adapter.ack_rolled_back, self.name, group, done)
                     )
         rest = [
-            (c, s, m)
-            for c, s, m in told
-            if not (
-                m.kind == "done" and (self._group_of(c.record, s), c.record.native_ref) in joined
-            )
+            (r, s, m)
+            for r, s, m in told
+            if not (m.kind == "done" and (self._group_of(r, s), r.native_ref) in joined)
         ]
         if rest:
             binding.after_commit(lambda: self._tell_broker(rest))
@@ -171,28 +172,24 @@ class Settling(QueueCore):
         lost one raises BatchLeaseLost (before any delivery or the broker is told of the
         moves, which the caller's rollback undoes) unless ``partial``."""
         result = Settled()
-        planned: list[tuple[Delivery, Move, Change]] = []
+        held = [(d, move) for d, move in moves if d.state in IN_DOUBT]
+        writes = Writes(self.name)
+        # Per position in writes.moved / writes.changes: the delivery and its move.
+        batched: list[tuple[Delivery, Move]] = []
+        single: list[tuple[Delivery, Move]] = []
         retry: list[tuple[Delivery, Move]] = []
-        for d, move in moves:
-            if d.state not in IN_DOUBT:
-                continue
-            if d._record is None:
-                retry.append((d, move))
-                continue
-            try:
-                planned.append((d, move, self._op(move, d.subscriber, d._token)(d._record)))
-            except IQError:
-                retry.append((d, move))  # the delivery's record is stale: read it anew
+        self._plan_settles(held, writes, batched, single, retry)
         store = self._store
-        moved: list[tuple[Delivery, Move, Change]] = []
+        moved: list[tuple[Delivery, Move, MessageRecord]] = []
         binding: Binding | None = None
         with contextlib.ExitStack() as stack:
             if transaction is not None:
                 binding = stack.enter_context(join(store, transaction))
-            flags = store.commit_each([c for _, _, c in planned]) if planned else []
-            for (d, move, change), ok in zip(planned, flags, strict=True):
+            flags = store.commit_writes(writes) if len(writes) else []
+            records = [a for _, a in writes.moved] + [c.record for c in writes.changes]
+            for (d, move), rec, ok in zip(batched + single, records, flags, strict=True):
                 if ok:
-                    moved.append((d, move, change))
+                    moved.append((d, move, rec))
                 else:
                     retry.append((d, move))
             for d, move in retry:
@@ -202,26 +199,73 @@ class Settling(QueueCore):
                     result.lost[d.msg_id] = str(exc)
                     continue
                 assert again is not None
-                moved.append((d, move, again))
+                moved.append((d, move, again.record))
             if binding is not None:
                 self._undo_on_rollback(binding, [d for d, _, _ in moved])
         if result.lost and transaction is not None and not partial:
             raise BatchLeaseLost(moves[0][0].subscriber, result.lost)
-        for d, move, change in moved:
-            self._note_redeliveries(change)
-            d._moved(change)
+        for d, move, rec in moved:
+            self._note_redeliveries(rec)
+            d._settled(rec)
             if move.kind == "done":
                 result.done.append(d.msg_id)
             elif move.kind == "unusable":
                 result.unusable.append(d.msg_id)
             elif move.kind == "release":
                 result.released.append(d.msg_id)
-        told = [(c, d.subscriber, m) for d, m, c in moved]
+        told = [(rec, d.subscriber, m) for d, m, rec in moved]
         if binding is None:
             self._tell_broker(told)
         else:
             self._tell_after_commit(binding, transaction, told)
         return result
+
+    def _plan_settles(
+        self,
+        held: Sequence[tuple[Delivery, Move]],
+        writes: Writes,
+        batched: list[tuple[Delivery, Move]],
+        single: list[tuple[Delivery, Move]],
+        retry: list[tuple[Delivery, Move]],
+    ) -> None:
+        """Decide the moves of held deliveries into ``writes``: done and process of each
+        subscriber's deliveries in one pass of the batch engine (``batched``, in the
+        order of ``writes.moved``), the others one at a time (``single``, in the order of
+        ``writes.changes``); a delivery whose record is stale or missing goes to
+        ``retry``, to be moved on a fresh read."""
+        common: dict[tuple[str, str], list[tuple[Delivery, Move, MessageRecord]]] = {}
+        rest: list[tuple[Delivery, Move]] = []
+        for d, move in held:
+            rec = d._record
+            if rec is None:
+                retry.append((d, move))
+            elif move.kind in ("done", "process"):
+                common.setdefault((d.subscriber, move.kind), []).append((d, move, rec))
+            else:
+                rest.append((d, move))
+        now = self._now()
+        for (subscriber, kind), group in common.items():
+            moved, journal, off = engine_batch.settle(
+                [rec for _, _, rec in group],
+                subscriber,
+                [d._token for d, _, _ in group],
+                kind,
+                now,
+                auto_journal=self.auto_journal,
+            )
+            writes.moved += moved
+            writes.journal += journal
+            skip = set(off)
+            batched += [(d, m) for i, (d, m, _) in enumerate(group) if i not in skip]
+            rest += [(group[i][0], group[i][1]) for i in off]
+        for d, move in rest:
+            try:
+                change = self._op(move, d.subscriber, d._token)(d._record)  # type: ignore[arg-type]
+            except IQError:
+                retry.append((d, move))  # the delivery's record is stale: read it anew
+                continue
+            writes.changes.append(change)
+            single.append((d, move))
 
     def _process(
         self, msg_id: str, subscriber: str, token: str, hint: MessageRecord | None = None
@@ -247,7 +291,7 @@ class Settling(QueueCore):
                 assert change is not None
                 if delivery is not None:
                     self._undo_on_rollback(binding, [delivery])
-            self._tell_after_commit(binding, transaction, [(change, subscriber, DONE)])
+            self._tell_after_commit(binding, transaction, [(change.record, subscriber, DONE)])
             return change
 
     def _undo_on_rollback(self, binding: Binding, deliveries: Sequence[Delivery]) -> None:
