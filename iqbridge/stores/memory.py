@@ -23,15 +23,16 @@ from iqbridge.model import (
 )
 from iqbridge.redaction import redact
 from iqbridge.states import PublisherState, SubscriberState
-from iqbridge.stores.base import AvailableQueries, BatchWrites, PurgedMessage, StaleRecord
+from iqbridge.stores.base import AvailableQueries, PurgedMessage, StaleRecord
 from iqbridge.stores.codec import matches, summary
+from iqbridge.writes import Writes
 
 __all__ = ["MemoryStore"]
 
 _AVAILABLE = SubscriberState.AVAILABLE
 
 
-class MemoryStore(AvailableQueries, BatchWrites):
+class MemoryStore(AvailableQueries):
     """An index store in process memory. Thread-safe; not shared across processes."""
 
     _named: ClassVar[dict[str, MemoryStore]] = {}
@@ -96,6 +97,59 @@ class MemoryStore(AvailableQueries, BatchWrites):
                     self._apply(change)
                 applied.append(ok)
             return applied
+
+    def commit_writes(self, writes: Writes) -> list[bool]:
+        """Apply a batch's writes: every record whose compare-and-set holds, with its
+        journal entries; one pass under the lock, no change objects."""
+        if not len(writes):
+            return []
+        with self._lock:
+            flags: list[bool] = []
+            seen: set[str] = set()
+            for rec in writes.created:
+                ok = rec.msg_id not in seen and rec.msg_id not in self._records
+                seen.add(rec.msg_id)
+                flags.append(ok)
+            for before, after in writes.moved:
+                current = self._records.get(after.msg_id)
+                ok = (
+                    after.msg_id not in seen
+                    and current is not None
+                    and current.version == before.version
+                )
+                seen.add(after.msg_id)
+                flags.append(ok)
+            made = len(writes.created)
+            held = {r.msg_id for r, ok in zip(writes.created, flags[:made], strict=True) if ok}
+            held.update(
+                a.msg_id for (_, a), ok in zip(writes.moved, flags[made:], strict=True) if ok
+            )
+            for i, rec in enumerate(writes.created):
+                if rec.msg_id in held:
+                    self._seq += 1
+                    rec.seq = self._seq
+                    self._by_queue.setdefault(rec.queue, {})[rec.msg_id] = None
+                    self._history[rec.msg_id] = []
+                    kept = writes.retain[i] if writes.retain else None
+                    if kept is not None:
+                        self._retained[rec.msg_id] = _copy(kept)
+                    self._records[rec.msg_id] = rec.copy()
+            for _, after in writes.moved:
+                if after.msg_id in held:
+                    after.native_ref = after.native_ref or self._records[after.msg_id].native_ref
+                    self._records[after.msg_id] = after.copy()
+            for msg_id, entry in writes.flat():
+                if msg_id in held:
+                    stored = entry._replace(seq=len(self._journal) + 1)
+                    self._journal.append(stored)
+                    self._history[msg_id].append(stored)
+            for change in writes.changes:
+                ok = change.msg_id not in seen and self._current(change)
+                seen.add(change.msg_id)
+                if ok:
+                    self._apply(change)
+                flags.append(ok)
+            return flags
 
     def _current(self, change: Change) -> bool:
         current = self._records.get(change.msg_id)
