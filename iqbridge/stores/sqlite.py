@@ -56,7 +56,7 @@ from iqbridge.model import (
     to_micros,
 )
 from iqbridge.states import Mode, PublisherState, SubscriberState
-from iqbridge.stores.base import AvailableQueries, BatchWrites, PurgedMessage
+from iqbridge.stores.base import AvailableQueries, PurgedMessage
 from iqbridge.stores.codec import JOURNAL_PER_ROW as _PER_ROW
 from iqbridge.stores.codec import counted as _counted
 from iqbridge.stores.codec import (
@@ -94,7 +94,7 @@ _PUB = {s.value: s for s in PublisherState}
 _CHUNK = 500
 
 
-class SqliteStore(SqliteCommits, AvailableQueries, BatchWrites):
+class SqliteStore(SqliteCommits, AvailableQueries):
     """The index in a SQLite file (see the module docstring)."""
 
     def __init__(self, db: SqliteDatabase) -> None:
