@@ -129,18 +129,6 @@ def _moved_member(old: Member, state: SubscriberState, stamp: int) -> Member:
     return m
 
 
-def _group(
-    groups: dict[tuple[object, ...], Steps],
-    key: tuple[object, ...],
-    at: int,
-    steps: tuple[Step, ...],
-) -> Steps:
-    group = groups.get(key)
-    if group is None:
-        group = groups[key] = Steps(at, steps)
-    return group
-
-
 def claim(
     records: Sequence[MessageRecord],
     subscriber: str,
@@ -187,11 +175,14 @@ def claim(
         nm.not_before = None
         new.members[subscriber] = nm
         moved.append((rec, new))
-        steps = (
-            Step(subscriber, _SUB, S.AVAILABLE.value, got.value, detail),
-            Step(subscriber, _SUB, got.value, fetched.value),
-        )
-        _group(groups, (stamp,), stamp, steps).items.append((rec.msg_id, m.attempt))
+        group = groups.get((stamp,))
+        if group is None:
+            steps = (
+                Step(subscriber, _SUB, S.AVAILABLE.value, got.value, detail),
+                Step(subscriber, _SUB, got.value, fetched.value),
+            )
+            group = groups[(stamp,)] = Steps(stamp, steps)
+        group.items.append((rec.msg_id, m.attempt))
     return moved, list(groups.values()), off
 
 
@@ -217,6 +208,7 @@ def settle(
     off: list[int] = []
     groups: dict[tuple[object, ...], Steps] = {}
     table: dict[SubscriberState, SubscriberState] = {}
+    journalled: dict[SubscriberState, SubscriberState] = {}
     for i, rec in enumerate(records):
         m = rec.members.get(subscriber)
         token = tokens[i]
@@ -235,25 +227,39 @@ def settle(
             dst = table[src] = subscriber_move(rec.msg_id, subscriber, src, event)
         new, stamp = _derive(rec, at)
         nm = _moved_member(m, dst, stamp)
-        steps: tuple[Step, ...] = (Step(subscriber, _SUB, src.value, dst.value),)
+        last: SubscriberState | None = None
         if dst is S.DONE:
             nm.lease_until = None
             if auto_journal:
-                last = subscriber_move(rec.msg_id, subscriber, dst, SubEvent.JOURNAL)
+                last = journalled.get(dst)
+                if last is None:
+                    last = journalled[dst] = subscriber_move(
+                        rec.msg_id, subscriber, dst, SubEvent.JOURNAL
+                    )
                 nm.state = last
                 nm.outcome = dst
-                steps += (Step(subscriber, _SUB, dst.value, last.value),)
         new.members[subscriber] = nm
         pub = rec.publisher_state
+        publisher: str | None = None
+        done: PublisherState | None = None
         if (
-            nm.state is S.JOURNALLED
+            last is S.JOURNALLED
             and pub in (P.REVEALED, P.UNAVAILABLE)
             and all(x.state is S.JOURNALLED for x in new.members.values())
         ):
             assert pub is not None
-            done = publisher_move(rec.msg_id, rec.publisher, pub, PubEvent.JOURNAL)
+            publisher = rec.publisher
+            done = publisher_move(rec.msg_id, publisher, pub, PubEvent.JOURNAL)
             new.publisher_state = done
-            steps += (Step(rec.publisher, _PUB, pub.value, done.value),)
         moved.append((rec, new))
-        _group(groups, (stamp, steps), stamp, steps).items.append((rec.msg_id, m.attempt))
+        key = (stamp, src, last, publisher, pub if done is not None else None)
+        group = groups.get(key)
+        if group is None:
+            steps: tuple[Step, ...] = (Step(subscriber, _SUB, src.value, dst.value),)
+            if last is not None:
+                steps += (Step(subscriber, _SUB, dst.value, last.value),)
+            if done is not None and pub is not None and publisher is not None:
+                steps += (Step(publisher, _PUB, pub.value, done.value),)
+            group = groups[key] = Steps(stamp, steps)
+        group.items.append((rec.msg_id, m.attempt))
     return moved, list(groups.values()), off
