@@ -37,6 +37,35 @@ SHOTS = Path(os.environ.get("IQ_SCREENSHOTS", ROOT / "build" / "screenshots"))
 pytestmark = pytest.mark.timeout(180)
 
 
+def _wait_for_next_page(b: Any, old: Any) -> None:
+    """Wait until the page that held ``old`` is replaced and the new one has loaded.
+
+    Chromium can answer a probe sent while it swaps documents with a generic
+    "unhandled inspector error" instead of a stale-element error; that answer means
+    "not yet", so the wait asks again rather than failing the test.
+    """
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def replaced(driver: Any) -> bool:
+        try:
+            old.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException:
+            return False
+        return False
+
+    def loaded(driver: Any) -> bool:
+        try:
+            return bool(driver.execute_script("return document.readyState") == "complete")
+        except WebDriverException:
+            return False
+
+    WebDriverWait(b, 15, poll_frequency=0.05).until(replaced)
+    WebDriverWait(b, 15, poll_frequency=0.05).until(loaded)
+
+
 def _browser_parts() -> tuple[str | None, str | None]:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     return chromium, shutil.which("chromedriver")
@@ -122,8 +151,7 @@ def test_log_in_search_open_rereveal_and_see_the_new_state(
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
-    from selenium.webdriver.support.expected_conditions import staleness_of
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
     assert isinstance(browser, WebDriver)
     b = browser
@@ -143,7 +171,7 @@ def test_log_in_search_open_rereveal_and_see_the_new_state(
             else b.find_element(By.CSS_SELECTOR, css or "")
         )
         target.click()
-        WebDriverWait(b, 15).until(staleness_of(old))
+        _wait_for_next_page(b, old)
 
     def attr(selector: str, name: str) -> str:
         return b.find_element(By.CSS_SELECTOR, selector).get_attribute(name) or ""
@@ -293,12 +321,10 @@ class Pages:
     def follow(self, element_id: str) -> None:
         """Click a link or button and wait for the next page."""
         from selenium.webdriver.common.by import By
-        from selenium.webdriver.support.expected_conditions import staleness_of
-        from selenium.webdriver.support.ui import WebDriverWait
 
         old = self.b.find_element(By.TAG_NAME, "html")
         self.b.find_element(By.ID, element_id).click()
-        WebDriverWait(self.b, 15, poll_frequency=0.05).until(staleness_of(old))
+        _wait_for_next_page(self.b, old)
 
     def text(self, css: str) -> str:
         from selenium.webdriver.common.by import By
