@@ -66,6 +66,7 @@ from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope, Received
 from iqbridge.redaction import get_logger
 from iqbridge.stores.redis import DirectScripts, RedisStore, transient
+from iqbridge.writes import Writes
 
 from .probes import redis_find_sent, redis_take_over  # noqa: TID251
 from .redis_inventory import redis_entries, redis_unacked  # noqa: TID251
@@ -508,14 +509,22 @@ class RedisStreamsAdapter:
         return isinstance(store, RedisStore) and _server(store.client) == _server(self._r)
 
     def send_indexed(
-        self, queue: str, envelopes: Sequence[Envelope], changes: Sequence[Change], store: object
+        self,
+        queue: str,
+        envelopes: Sequence[Envelope],
+        changes: Sequence[Change] | Writes,
+        store: object,
     ) -> list[str]:
         """Commit the new records and ``XADD`` their entries in one script call, all or
-        nothing (see :meth:`RedisStore.commit_with_entries`); return the entry ids."""
+        nothing (see :meth:`RedisStore.commit_with_entries` and, for a batch's
+        :class:`~iqbridge.writes.Writes`, :meth:`RedisStore.commit_writes_with_entries`);
+        return the entry ids."""
         assert isinstance(store, RedisStore)
         entries = [
             [part for item in encode_fields(env).items() for part in item] for env in envelopes
         ]
+        if isinstance(changes, Writes):
+            return store.commit_writes_with_entries(changes, self.key(queue), entries)
         return store.commit_with_entries(changes, self.key(queue), entries)
 
     def receive_indexed(

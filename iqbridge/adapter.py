@@ -28,6 +28,7 @@ from iqbridge.model import Envelope, Received
 
 if TYPE_CHECKING:
     from iqbridge.engine import Change
+    from iqbridge.writes import Writes
 
 __all__ = [
     "AcksInTransaction",
@@ -155,10 +156,16 @@ class Colocated(Protocol):
         ...
 
     def send_indexed(
-        self, queue: str, envelopes: Sequence[Envelope], changes: Sequence[Change], store: object
+        self,
+        queue: str,
+        envelopes: Sequence[Envelope],
+        changes: Sequence[Change] | Writes,
+        store: object,
     ) -> list[str]:
-        """Commit ``changes`` (new messages) and store ``envelopes`` in one atomic step;
-        each record gets its entry's native reference. Return the references.
+        """Commit ``changes`` (new messages, one change each or a batch's
+        :class:`~iqbridge.writes.Writes` of created records, in the order of
+        ``envelopes``) and store ``envelopes`` in one atomic step; each record gets its
+        entry's native reference. Return the references.
 
         Raises StaleRecord (nothing written) when a record exists already.
         """
