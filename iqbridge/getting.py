@@ -30,6 +30,10 @@ _RECEIVE_SKIPS = 100
 
 __all__ = ["Getting"]
 
+#: A claim of a broker delivery: the delivery, the claim's token, and either the
+#: common path's (before, after) records or the per-message engine's change.
+_Claim = tuple[Received, str, "tuple[MessageRecord, MessageRecord] | Change"]
+
 log = get_logger("iqbridge")
 
 
@@ -419,14 +423,28 @@ class Getting(Settling, Housekeeping):
         for _ in range(CAS_ATTEMPTS):
             now = self._now()
             until = now + lease_us if lease_us is not None else None
-            claims, again = self._plan(pending, subscriber, now, owner, until)
-            flags = self._store.commit_each([c for _, c, _ in claims]) if claims else []
+            claims, again, journal = self._plan(pending, subscriber, now, owner, until)
+            # The common path's claims in one pass (moved), the others one change each:
+            # one commit for all, each holding where its compare-and-set does.
+            writes = Writes(self.name, journal=journal)
+            order: list[_Claim] = []
+            for claim in claims:
+                if isinstance(claim[2], Change):
+                    writes.changes.append(claim[2])
+                else:
+                    writes.moved.append(claim[2])
+                    order.append(claim)
+            order += [c for c in claims if isinstance(c[2], Change)]
+            flags = self._store.commit_writes(writes) if claims else []
+            held = dict(zip((id(c) for c in order), flags, strict=True))
             refs: list[tuple[str, str]] = []
-            for (received, change, token), ok in zip(claims, flags, strict=True):
-                if not ok:
+            for claim in claims:
+                received, token, made = claim
+                if not held[id(claim)]:
                     again.append(received)
                     continue
-                out.append(self._delivered(received, change, token, subscriber, refs))
+                rec = made.record if isinstance(made, Change) else made[1]
+                out.append(self._delivered(received, rec, token, subscriber, refs))
             if refs:
                 self._store.set_native_refs(refs)
             if not again:
@@ -441,11 +459,13 @@ class Getting(Settling, Housekeeping):
         now: int,
         owner: str,
         lease_until: int | None,
-    ) -> tuple[list[tuple[Received, Change, str]], list[Received]]:
+    ) -> tuple[list[_Claim], list[Received], list[Steps]]:
         """Decide what each broker delivery is for this subscriber: a claim (returned with
-        its token), an acknowledgement (sent here: not addressed to the group, finished
-        already, purged), nothing (held by someone else: it stays pending), or a decision
-        to make again on a fresh read (returned apart)."""
+        its token, in the order of ``batch``: the common path's as (before, after)
+        records, decided in one pass of the batch engine whose journal comes third, the
+        others as one change each), an acknowledgement (sent here: not addressed to the
+        group, finished already, purged), nothing (held by someone else: it stays
+        pending), or a decision to make again on a fresh read (returned apart)."""
         store = self._store
         hints: dict[int, MessageRecord] = {}
         unread: list[str] = []
@@ -462,7 +482,8 @@ class Getting(Settling, Housekeeping):
         #: (group, ordering key) of deliveries left pending: a later one of the same key
         #: in this batch is given back, not claimed (a fencing adapter keeps key order).
         held_keys: set[tuple[str, str]] = set()
-        claims: list[tuple[Received, Change, str]] = []
+        # (position in batch, the delivery, its record, the claim's token)
+        cands: list[tuple[int, Received, MessageRecord, str]] = []
         again: list[Received] = []
         for i, received in enumerate(batch):
             env = received.envelope
@@ -497,19 +518,7 @@ class Getting(Settling, Housekeeping):
                 if fenced and (group, env.ordering_key) in held_keys:
                     self._adapter.requeue(self.name, group, received.native_ref)
                     continue
-                token = new_token()
-                try:
-                    change = engine.claim(
-                        rec, subscriber, now, token=token, owner=owner, lease_until=lease_until
-                    )
-                except (IllegalTransition, LockedError):
-                    if i in hints:
-                        # Decided on the record read with the entry, which went stale (say
-                        # the message was withdrawn since): decide again on a fresh read,
-                        # which may acknowledge the entry.
-                        again.append(received)
-                    continue
-                claims.append((received, change, token))
+                cands.append((i, received, rec, new_token()))
             elif member.state in TERMINAL or member.state is SubscriberState.JOURNALLED:
                 # Once-only: a redelivery of something this subscriber finished is acked,
                 # never processed again.
@@ -525,19 +534,45 @@ class Getting(Settling, Housekeeping):
         if pending and self._fenced is not None:
             for group, refs in pending.items():
                 self._fenced.left_pending(self.name, group, refs)
-        return claims, again
+        moved, journal, off = engine_batch.claim(
+            [c[2] for c in cands],
+            subscriber,
+            now,
+            [c[3] for c in cands],
+            owner=owner,
+            lease_until=lease_until,
+        )
+        skip = set(off)
+        common = iter(moved)
+        claims: list[_Claim] = []
+        for k, (i, received, rec, token) in enumerate(cands):
+            if k not in skip:
+                claims.append((received, token, next(common)))
+                continue
+            try:
+                change = engine.claim(
+                    rec, subscriber, now, token=token, owner=owner, lease_until=lease_until
+                )
+            except (IllegalTransition, LockedError):
+                if i in hints:
+                    # Decided on the record read with the entry, which went stale (say
+                    # the message was withdrawn since): decide again on a fresh read,
+                    # which may acknowledge the entry.
+                    again.append(received)
+                continue
+            claims.append((received, token, change))
+        return claims, again, journal
 
     def _delivered(
         self,
         received: Received,
-        change: Change,
+        rec: MessageRecord,
         token: str,
         subscriber: str,
         refs: list[tuple[str, str]],
     ) -> Delivery:
-        """The delivery of a claimed broker entry; ``refs`` collects native references the
-        index still lacks."""
-        rec = change.record
+        """The delivery of a claimed broker entry (``rec``: its record as claimed);
+        ``refs`` collects native references the index still lacks."""
         if rec.native_ref is None:
             # The putter has not recorded it yet (or died first): the delivery's record
             # must know it too, or its done() would have no entry to acknowledge.

@@ -11,7 +11,6 @@ records whose compare-and-set held.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,8 +109,8 @@ class RedisWrites(RedisCommits):
         order created, moved, changes."""
         if not len(writes):
             return []
-        result = self._run_writes(writes, "each", None, ())
-        return [int(seq) > 0 for seq in result[1 : 1 + len(writes)]]
+        seqs, _ = self._run_writes(writes, "each", None, ())
+        return [seq > 0 for seq in seqs]
 
     def commit_writes_with_entries(
         self, writes: Writes, stream: str, entries: Sequence[Sequence[bytes | str]]
@@ -126,9 +125,7 @@ class RedisWrites(RedisCommits):
             raise ValueError(f"{len(entries)} broker entries for {len(writes.created)} records")
         if not writes.created:
             return []
-        result = self._run_writes(writes, "all", stream, entries)
-        n = len(writes.created)
-        refs = [str(ref) for ref in result[1 + n : 1 + 2 * n]]
+        _, refs = self._run_writes(writes, "all", stream, entries)
         for rec, ref in zip(writes.created, refs, strict=True):
             rec.native_ref = ref
         return refs
@@ -139,7 +136,9 @@ class RedisWrites(RedisCommits):
         mode: str,
         stream: str | None,
         entries: Sequence[Sequence[bytes | str]],
-    ) -> list[Any]:
+    ) -> tuple[list[int], list[str]]:
+        """Run writes.lua; each record's seq (0: it did not hold) and, with ``stream``,
+        broker entry id."""
         queue = writes.queue
         pack = _Packer(self, queue)
         number: dict[str, int] = {}
@@ -209,18 +208,24 @@ class RedisWrites(RedisCommits):
             if tried:
                 kept = self._r.get(done_key)
                 if kept is not None:
-                    return json.loads(kept)
+                    return kept.split(" ")
             tried = True
             return self._direct.run(self._writes, keys, args)
 
         result: list[Any] = self._call(attempt)
         if result[0] == "stale":
-            raise StaleRecord(str(result[1]))
-        for rec, seq in zip(writes.created, result[1:], strict=False):
-            if int(seq) > 0:
-                rec.seq = int(seq)
+            raise StaleRecord(_text(result[1]))
+        seqs = [int(seq) for seq in _text(result[1]).split(",")]
+        refs = _text(result[2]).split(",") if stream is not None else []
+        for rec, seq in zip(writes.created, seqs, strict=False):
+            if seq > 0:
+                rec.seq = seq
         base = len(writes.created) + len(writes.moved)
-        for change, seq in zip(writes.changes, result[1 + base :], strict=False):
-            if int(seq) > 0 and change.created:
-                change.record.seq = int(seq)
-        return result
+        for change, seq in zip(writes.changes, seqs[base:], strict=True):
+            if seq > 0 and change.created:
+                change.record.seq = seq
+        return seqs, refs
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -92,7 +92,11 @@ def test_a_batch_journal_is_one_stream_entry_per_group_read_per_message(
     for rec in records:
         history = store.history(rec.msg_id)
         assert [e.msg_id for e in history] == [rec.msg_id] * 6
-        assert [e.dst for e in history] == ["PUT", "REVEALED", "AVAILABLE", "AVAILABLE"] + [
+        assert [e.dst for e in history] == [
+            "PUT",
+            "REVEALED",
+            "AVAILABLE",
+            "AVAILABLE",
             "GET",
             "FETCHED",
         ]

@@ -34,10 +34,12 @@
 -- {"b":[[at,steps,[[msg_id,attempt],...]],...]} (stores/codec.py expands it); each
 -- record lists the rows holding its entries in its field "h".
 --
--- Returns {"ok", seq, ...} (each record's put-order seq in batch order, 0 for one that
--- did not hold; then, with KEYS[2], each record's entry id or ""), or, in "all" mode,
--- {"stale", msg_id} when a record no longer has its expected version (or exists
--- already, for a new one); then nothing was written.
+-- Returns {"ok", seqs} (each record's put-order seq in batch order, 0 for one that did
+-- not hold, joined by commas; then, with KEYS[2], each record's entry id or "", joined
+-- by commas: two bulk replies, not one per record), or, in "all" mode, {"stale",
+-- msg_id} when a record no longer has its expected version (or exists already, for a
+-- new one); then nothing was written. What applied is kept under "done:<write id>" as
+-- the reply's values joined by spaces.
 
 local P, wid, each, ttl, q = ARGV[1], ARGV[2], ARGV[3] == 'each', ARGV[4], ARGV[5]
 local SHIFT = 1099511627776 -- 2^40: claim order is priority first, then put order
@@ -165,11 +167,11 @@ for _ = 1, ngroups do
 end
 flush()
 
-local out, refs = {'ok'}, {}
+local out, refs = {}, {}
 local any = false
 for _, ch in ipairs(batch) do
   if not ch.ok then
-    out[#out + 1] = 0
+    out[#out + 1] = '0'
     refs[#refs + 1] = ''
   else
     any = true
@@ -231,19 +233,16 @@ for _, ch in ipairs(batch) do
     if ch.nb > 0 then
       redis.call('HSET', P .. 'b:' .. ch.id, 'b', ARGV[ch.b0], 'h', ARGV[ch.b0 + 1])
     end
-    out[#out + 1] = seq
+    out[#out + 1] = s
   end
+end
+local reply = {'ok', table.concat(out, ',')}
+if KEYS[2] then
+  reply[3] = table.concat(refs, ',')
 end
 if any then
   redis.call('SADD', P .. 'queues', q)
-end
-if KEYS[2] then
-  for _, ref in ipairs(refs) do
-    out[#out + 1] = ref
-  end
-end
-if any then
   -- A client that lost this reply reads it here instead of committing again.
-  redis.call('SET', P .. 'done:' .. wid, cjson.encode(out), 'EX', ttl)
+  redis.call('SET', P .. 'done:' .. wid, table.concat(reply, ' '), 'EX', ttl)
 end
-return out
+return reply
