@@ -36,6 +36,7 @@ index is the Redis index store on the same server and database; it retries for
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import threading
@@ -59,12 +60,20 @@ from tenacity import (
     wait_random,
 )
 
-from iqbridge.adapter import Capabilities
+from iqbridge.adapter import Capabilities, ClaimOnReceive
 from iqbridge.engine import Change
 from iqbridge.errors import BrokerUnavailable, ConfigurationError, IQError
+from iqbridge.ids import new_token
 from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope, Received
 from iqbridge.redaction import get_logger
+from iqbridge.states import (
+    ActorKind,
+    PublisherState,
+    SubEvent,
+    SubscriberState,
+    subscriber_move,
+)
 from iqbridge.stores.redis import DirectScripts, RedisStore, transient
 from iqbridge.writes import Writes
 
@@ -107,6 +116,8 @@ _MAX_PAYLOAD = 512 * 1024 * 1024 - 64 * 1024
 _SCAN = 256
 #: Acknowledgements held back at most this many, or this many seconds, then sent.
 _ACK_BATCH = 64
+#: Claims one receive makes at most (two journal entries each, in one journal row).
+_CLAIM_LIMIT = 30_000
 _ACK_DELAY = 0.5
 
 
@@ -154,6 +165,9 @@ class RedisStreamsAdapter:
         #: read of which lost its reply (see _marking_lost).
         self._seen: dict[tuple[str, str, str], str] = {}
         self._lost: set[tuple[str, str, str]] = set()
+        #: Claims on receive (see _claim_args): their tokens' prefix, and call numbers.
+        self._token_prefix = new_token()[:16]
+        self._calls = itertools.count(1)
 
     @classmethod
     def from_url(cls, url: str) -> RedisStreamsAdapter:
@@ -417,6 +431,7 @@ class RedisStreamsAdapter:
         count: int,
         min_idle: float | None,
         record_prefix: str,
+        claim: ClaimOnReceive | None = None,
     ) -> list[Received]:
         """Entries read ahead first (the first group in order with any); if they are
         fewer than ``count``, one script call over the groups in order until one has
@@ -447,6 +462,9 @@ class RedisStreamsAdapter:
                 idle_ms = max(int(min_idle * 1000), 1)
         want = max(count, self.read_ahead)
         slots = [(key, group, consumer) for group in groups]
+        claiming: list[Any] = []
+        if claim is not None and record_prefix:
+            claiming = self._claim_args(queue, record_prefix, claim, count)
 
         def read() -> Any:
             args: list[Any] = [consumer, idle_ms, REQUEUE_CONSUMER, _SCAN, record_prefix]
@@ -457,6 +475,7 @@ class RedisStreamsAdapter:
                 # Also in a pool's group: the facade offers a member's read-ahead entries
                 # to the other members through the index (Queue._claim_read_ahead).
                 args += [group, want, after, len(acks[group]), *acks[group]]
+            args += claiming
             return self._marking_lost(slots, lambda: self._direct.run(self._receive, [key], args))
 
         try:
@@ -469,7 +488,8 @@ class RedisStreamsAdapter:
         with self._lock:
             for number in reread:
                 self._lost.discard(slots[int(number) - 1])
-        got = [r for r in (self._row(key, groups, row) for row in rows) if r is not None]
+        tokens = claim.tokens if claim is not None else None
+        got = [r for r in (self._row(key, groups, row, tokens) for row in rows) if r is not None]
         self._saw(key, consumer, got)
         if len(got) > count:
             with self._lock:
@@ -477,8 +497,48 @@ class RedisStreamsAdapter:
                 self._ahead.setdefault(slot, deque()).extend(got[count:])
         return head + got[:count]
 
-    def _row(self, key: str, groups: Sequence[str], row: Sequence[Any]) -> Received | None:
-        """One row of the receive script as a :class:`Received` (None: the entry is gone)."""
+    def _claim_args(self, queue: str, prefix: str, claim: ClaimOnReceive, count: int) -> list[Any]:
+        """The receive script's values for a claim on receive (made now). Its tokens
+        start with this adapter's prefix, then the call's number: a read whose reply is
+        lost is retried with the same values, and knows its claims again."""
+        sub, owner = claim.subscriber, claim.owner
+        claim.tokens.clear()
+        claim.at = at = claim.now()
+        claim.lease_until = until = at + claim.lease_us if claim.lease_us is not None else None
+        got = subscriber_move("", sub, SubscriberState.AVAILABLE, SubEvent.GET)
+        fetched = subscriber_move("", sub, got, SubEvent.FETCH)
+        kind = ActorKind.SUBSCRIBER
+        steps = [
+            [sub, kind, SubscriberState.AVAILABLE.value, got.value, f"by {owner}"],
+            [sub, kind, got.value, fetched.value, None],
+        ]
+        return [
+            sub,
+            str(at),
+            "" if until is None else str(until),
+            owner,
+            f"{self._token_prefix}{next(self._calls):08x}",
+            min(count, _CLAIM_LIMIT),
+            fetched.value,
+            orjson.dumps(steps).decode(),
+            f"{prefix}c:{queue}/{sub}",
+            f"{prefix}r:{queue}/{sub}",
+            f"{prefix}d:{queue}",
+            SubscriberState.AVAILABLE.value,
+            PublisherState.REVEALED.value,
+            queue,
+            self._token_prefix,
+        ]
+
+    def _row(
+        self,
+        key: str,
+        groups: Sequence[str],
+        row: Sequence[Any],
+        tokens: dict[str, str] | None = None,
+    ) -> Received | None:
+        """One row of the receive script as a :class:`Received` (None: the entry is gone);
+        a claim's token goes to ``tokens``."""
         ref, group = _text(row[0]), groups[int(row[2]) - 1]
         how = int(row[1])
         if how == 3:  # read again after a lost reply: the application never saw it
@@ -500,6 +560,9 @@ class RedisStreamsAdapter:
             return Received(ref, group, env, adopted, delivery_count=how)
         rec = meta.get("r")
         record = record_of(env.msg_id, rec) if rec else None
+        token = meta.get("t")
+        if token and tokens is not None and record is not None:
+            tokens[ref] = token
         return Received(ref, group, env, delivery_count=how, record=record)
 
     # --- one round trip with the Redis index on the same server (Colocated) -----------
@@ -536,12 +599,15 @@ class RedisStreamsAdapter:
         count: int,
         min_idle: float | None,
         store: object,
+        claim: ClaimOnReceive | None = None,
     ) -> list[Received]:
         """:meth:`receive` over several groups in order until one has entries, in one
         round trip that also reads each entry's index record (a hint, see
-        :attr:`Received.record`)."""
+        :attr:`Received.record`) and, with ``claim``, claims the entries of the
+        subscriber's own group on the common path in the same script (see
+        :data:`~iqbridge.adapters.redis_wire.RECEIVE_SCRIPT`)."""
         assert isinstance(store, RedisStore)
-        return self._receive_groups(queue, groups, consumer, count, min_idle, store.keyspace)
+        return self._receive_groups(queue, groups, consumer, count, min_idle, store.keyspace, claim)
 
     def ack(self, queue: str, group: str, refs: Sequence[str]) -> None:
         """``XACK``, batched: sent with the group's next receive, or once 64 are held or

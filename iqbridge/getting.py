@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from iqbridge import engine, engine_batch
-from iqbridge.adapter import LocksNatively
+from iqbridge.adapter import ClaimOnReceive, LocksNatively
 from iqbridge.batch import Batch
 from iqbridge.delivery import Delivery
 from iqbridge.durations import seconds, to_seconds
@@ -174,8 +174,11 @@ class Getting(Settling, Housekeeping):
         self._declare_groups(groups)
         colocated = self.hub.colocated
         fetches: list[Callable[..., list[Received]]]
+        fused: ClaimOnReceive | None = None
         if colocated is not None:
-            # One round trip over all the subscriber's groups, index records included.
+            # One round trip over all the subscriber's groups, index records included,
+            # the common path's claims made on the way.
+            fused = ClaimOnReceive(subscriber, owner, lease_us, self._now)
             fetches = [
                 functools.partial(
                     colocated.receive_indexed,
@@ -184,6 +187,7 @@ class Getting(Settling, Housekeeping):
                     subscriber,
                     min_idle=min_idle,
                     store=self._store,
+                    claim=fused,
                 )
             ]
         else:
@@ -199,7 +203,10 @@ class Getting(Settling, Housekeeping):
                 received = fetch(count=need)
                 if not received:
                     break
-                out += self._accept_many(received, subscriber, owner, lease_us)
+                if fused is not None and fused.tokens:
+                    out += self._accept_fused(received, subscriber, owner, lease_us, fused)
+                else:
+                    out += self._accept_many(received, subscriber, owner, lease_us)
                 if len(out) >= want or len(received) < need:
                     break
             if len(out) >= want:
@@ -451,6 +458,74 @@ class Getting(Settling, Housekeeping):
                 return out
             pending = [dataclasses.replace(r, record=None) for r in again]
         raise ConcurrentUpdate(pending[0].envelope.msg_id, CAS_ATTEMPTS)
+
+    def _accept_fused(
+        self,
+        batch: Sequence[Received],
+        subscriber: str,
+        owner: str,
+        lease_us: int | None,
+        fused: ClaimOnReceive,
+    ) -> list[Delivery]:
+        """Broker deliveries some of which the receive claimed already (``fused.tokens``):
+        those become deliveries of the same claim applied to the records they came with
+        (the batch engine; where it would not have made the claim, the index's record is
+        read and taken as it stands); the rest are resolved by :meth:`_accept_many`. In
+        the order of ``batch``."""
+        tokens = fused.tokens
+        mine = [(r, tokens[r.native_ref]) for r in batch if r.native_ref in tokens and r.record]
+        taken = {r.native_ref for r, _ in mine}
+        moved, _, off = engine_batch.claim(
+            [r.record for r, _ in mine if r.record is not None],
+            subscriber,
+            fused.at,
+            [t for _, t in mine],
+            owner=owner,
+            lease_until=fused.lease_until,
+        )
+        skip = set(off)
+        common = iter(moved)
+        got: dict[str, Delivery] = {}
+        stray: list[tuple[Received, str]] = []
+        for k, (received, token) in enumerate(mine):
+            if k in skip:
+                stray.append((received, token))
+                continue
+            after = next(common)[1]
+            m = after.members[subscriber]
+            got[received.native_ref] = Delivery(
+                self, received.envelope, subscriber, token, m.attempt, after.max_attempts, after
+            )
+        if stray:
+            known = self._store.load_many([r.envelope.msg_id for r, _ in stray])
+            for received, token in stray:
+                rec = known.get(received.envelope.msg_id)
+                member = rec.members.get(subscriber) if rec is not None else None
+                if rec is None or member is None or member.lease_token != token:
+                    log.warning(
+                        "queue %s: message %s claimed on receive is no longer held",
+                        self.name,
+                        received.envelope.msg_id,
+                    )
+                    continue
+                got[received.native_ref] = Delivery(
+                    self,
+                    received.envelope,
+                    subscriber,
+                    token,
+                    member.attempt,
+                    rec.max_attempts,
+                    rec,
+                )
+        rest = [r for r in batch if r.native_ref not in taken]
+        others = self._accept_many(rest, subscriber, owner, lease_us) if rest else []
+        by_id = {d.msg_id: d for d in others}
+        out: list[Delivery] = []
+        for received in batch:
+            d = got.get(received.native_ref) or by_id.pop(received.envelope.msg_id, None)
+            if d is not None:
+                out.append(d)
+        return out + list(by_id.values())
 
     def _plan(
         self,

@@ -82,7 +82,7 @@ for _, ch in ipairs(batch) do
   local stale = seen[ch.id]
   if not stale then
     seen[ch.id] = true
-    local old = redis.call('HMGET', P .. 'm:' .. ch.id, 'v', 's', 'h', 'n')
+    local old = redis.call('HMGET', P .. 'm:' .. ch.id, 'v', 's', 'h', 'n', 'mo')
     if ch.c == '1' then
       stale = old[1] ~= false
     else
@@ -167,6 +167,11 @@ for _, ch in ipairs(batch) do
       fields[#fields + 1] = ARGV[a]
     end
     redis.call('HSET', key, unpack(fields))
+    if old[5] then
+      -- Member rows a claim on receive wrote apart: the record just written holds them.
+      redis.call('DEL', P .. 'ms:' .. ch.id)
+      redis.call('HDEL', key, 'mo')
+    end
     if ch.nu > 0 then
       redis.call('HDEL', key, unpack(ARGV, ch.u0, ch.u0 + ch.nu - 1))
     end

@@ -89,7 +89,7 @@ for _, ch in ipairs(batch) do
   local stale = seen[ch.id]
   if not stale then
     seen[ch.id] = true
-    local old = redis.call('HMGET', P .. 'm:' .. ch.id, 'v', 's', 'h', 'n')
+    local old = redis.call('HMGET', P .. 'm:' .. ch.id, 'v', 's', 'h', 'n', 'mo')
     if ch.c == '1' then
       stale = old[1] ~= false
     else
@@ -227,6 +227,11 @@ for _, ch in ipairs(batch) do
       fields[#fields + 1] = ARGV[ch.f0 + k]
     end
     redis.call('HSET', key, unpack(fields))
+    if old[5] then
+      -- Member rows a claim on receive wrote apart: the record just written holds them.
+      redis.call('DEL', P .. 'ms:' .. ch.id)
+      redis.call('HDEL', key, 'mo')
+    end
     if sh.nu > 0 then
       redis.call('HDEL', key, unpack(ARGV, sh.u0, sh.u0 + sh.nu - 1))
     end
