@@ -67,13 +67,6 @@ from iqbridge.ids import new_token
 from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope, Received
 from iqbridge.redaction import get_logger
-from iqbridge.states import (
-    ActorKind,
-    PublisherState,
-    SubEvent,
-    SubscriberState,
-    subscriber_move,
-)
 from iqbridge.stores.redis import DirectScripts, RedisStore, transient
 from iqbridge.writes import Writes
 
@@ -81,6 +74,7 @@ from .probes import redis_find_sent, redis_take_over  # noqa: TID251
 from .redis_inventory import redis_entries, redis_unacked  # noqa: TID251
 from .redis_wire import (  # noqa: TID251
     RECEIVE_SCRIPT,
+    claim_args,
     decode_fields,
     encode_fields,
     envelope_of,
@@ -501,34 +495,8 @@ class RedisStreamsAdapter:
         """The receive script's values for a claim on receive (made now). Its tokens
         start with this adapter's prefix, then the call's number: a read whose reply is
         lost is retried with the same values, and knows its claims again."""
-        sub, owner = claim.subscriber, claim.owner
-        claim.tokens.clear()
-        claim.at = at = claim.now()
-        claim.lease_until = until = at + claim.lease_us if claim.lease_us is not None else None
-        got = subscriber_move("", sub, SubscriberState.AVAILABLE, SubEvent.GET)
-        fetched = subscriber_move("", sub, got, SubEvent.FETCH)
-        kind = ActorKind.SUBSCRIBER
-        steps = [
-            [sub, kind, SubscriberState.AVAILABLE.value, got.value, f"by {owner}"],
-            [sub, kind, got.value, fetched.value, None],
-        ]
-        return [
-            sub,
-            str(at),
-            "" if until is None else str(until),
-            owner,
-            f"{self._token_prefix}{next(self._calls):08x}",
-            min(count, _CLAIM_LIMIT),
-            fetched.value,
-            orjson.dumps(steps).decode(),
-            f"{prefix}c:{queue}/{sub}",
-            f"{prefix}r:{queue}/{sub}",
-            f"{prefix}d:{queue}",
-            SubscriberState.AVAILABLE.value,
-            PublisherState.REVEALED.value,
-            queue,
-            self._token_prefix,
-        ]
+        token = f"{self._token_prefix}{next(self._calls):08x}"
+        return claim_args(queue, prefix, claim, min(count, _CLAIM_LIMIT), token, self._token_prefix)
 
     def _row(
         self,
@@ -608,6 +576,22 @@ class RedisStreamsAdapter:
         :data:`~iqbridge.adapters.redis_wire.RECEIVE_SCRIPT`)."""
         assert isinstance(store, RedisStore)
         return self._receive_groups(queue, groups, consumer, count, min_idle, store.keyspace, claim)
+
+    def settle_indexed(
+        self,
+        queue: str,
+        writes: Writes,
+        acks: Sequence[tuple[int, str, str]],
+        store: object,
+    ) -> list[bool]:
+        """Commit a batch's settles and ``XACK`` the entries of those that hold, in one
+        script call (see :meth:`RedisStore.commit_writes_acking`): an outcome and its
+        acknowledgement are made together. One flag per record, as
+        :meth:`~iqbridge.stores.base.IndexStore.commit_writes` returns them."""
+        assert isinstance(store, RedisStore)
+        if not acks:
+            return store.commit_writes(writes)
+        return store.commit_writes_acking(writes, self.key(queue), acks)
 
     def ack(self, queue: str, group: str, refs: Sequence[str]) -> None:
         """``XACK``, batched: sent with the group's next receive, or once 64 are held or

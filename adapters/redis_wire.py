@@ -7,12 +7,17 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
+from iqbridge.adapter import ClaimOnReceive
 from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope, MessageRecord
+from iqbridge.states import ActorKind, PublisherState, SubEvent, SubscriberState, subscriber_move
 from iqbridge.stores.redis_records import compose_record
 
 __all__ = [
     "RECEIVE_SCRIPT",
+    "claim_args",
     "decode_fields",
     "encode_fields",
     "envelope_of",
@@ -269,6 +274,43 @@ if jn then
 end
 return {out, reread}
 """
+
+
+def claim_args(
+    queue: str, prefix: str, claim: ClaimOnReceive, limit: int, tokens: str, mine: str
+) -> list[Any]:
+    """The receive script's values for a claim on receive, made now (``claim.at``,
+    ``claim.lease_until`` and ``claim.tokens`` are reset for it): at most ``limit``
+    claims, their tokens ``tokens`` and a number, ``mine`` the prefix of every token of
+    this client (index key prefix ``prefix``)."""
+    sub, owner = claim.subscriber, claim.owner
+    claim.tokens.clear()
+    claim.at = at = claim.now()
+    claim.lease_until = until = at + claim.lease_us if claim.lease_us is not None else None
+    got = subscriber_move("", sub, SubscriberState.AVAILABLE, SubEvent.GET)
+    fetched = subscriber_move("", sub, got, SubEvent.FETCH)
+    kind = ActorKind.SUBSCRIBER
+    steps = [
+        [sub, kind, SubscriberState.AVAILABLE.value, got.value, f"by {owner}"],
+        [sub, kind, got.value, fetched.value, None],
+    ]
+    return [
+        sub,
+        str(at),
+        "" if until is None else str(until),
+        owner,
+        tokens,
+        limit,
+        fetched.value,
+        orjson.dumps(steps).decode(),
+        f"{prefix}c:{queue}/{sub}",
+        f"{prefix}r:{queue}/{sub}",
+        f"{prefix}d:{queue}",
+        SubscriberState.AVAILABLE.value,
+        PublisherState.REVEALED.value,
+        queue,
+        mine,
+    ]
 
 
 def encode_fields(env: Envelope) -> dict[str, bytes | str]:

@@ -193,6 +193,20 @@ class Colocated(Protocol):
         """
         ...
 
+    def settle_indexed(
+        self,
+        queue: str,
+        writes: Writes,
+        acks: Sequence[tuple[int, str, str]],
+        store: object,
+    ) -> list[bool]:
+        """Commit a batch's settles (as :meth:`IndexStore.commit_writes
+        <iqbridge.stores.base.IndexStore.commit_writes>`, one flag per record) and
+        acknowledge, in the same atomic step, the broker entries ``acks`` names (the
+        record's position in the order created, moved, changes; the group; the entry)
+        of the records that hold."""
+        ...
+
     def receive_indexed(
         self,
         queue: str,

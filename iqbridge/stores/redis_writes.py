@@ -112,6 +112,18 @@ class RedisWrites(RedisCommits):
         seqs, _ = self._run_writes(writes, "each", None, ())
         return [seq > 0 for seq in seqs]
 
+    def commit_writes_acking(
+        self, writes: Writes, stream: str, acks: Sequence[tuple[int, str, str]]
+    ) -> list[bool]:
+        """:meth:`commit_writes`, and in the same script call ``XACK`` on ``stream`` (on
+        this server) the entries of the records that hold: ``acks`` are (the record's
+        position in the order created, moved, changes; the consumer group; the entry
+        id)."""
+        if not len(writes):
+            return []
+        seqs, _ = self._run_writes(writes, "each", stream, (), acks)
+        return [seq > 0 for seq in seqs]
+
     def commit_writes_with_entries(
         self, writes: Writes, stream: str, entries: Sequence[Sequence[bytes | str]]
     ) -> list[str]:
@@ -136,9 +148,11 @@ class RedisWrites(RedisCommits):
         mode: str,
         stream: str | None,
         entries: Sequence[Sequence[bytes | str]],
+        acks: Sequence[tuple[int, str, str]] = (),
     ) -> tuple[list[int], list[str]]:
-        """Run writes.lua; each record's seq (0: it did not hold) and, with ``stream``,
+        """Run writes.lua; each record's seq (0: it did not hold) and, with ``entries``,
         broker entry id."""
+        put = bool(entries)
         queue = writes.queue
         pack = _Packer(self, queue)
         number: dict[str, int] = {}
@@ -149,7 +163,7 @@ class RedisWrites(RedisCommits):
                 rec,
                 None,
                 0,
-                entry=entries[i] if stream is not None else (),
+                entry=entries[i] if put else (),
                 retain=retain[i] if retain else None,
             )
         layout = self._layout
@@ -199,6 +213,10 @@ class RedisWrites(RedisCommits):
         args += pack.records
         args.append(ngroups)
         args += groups
+        if acks:
+            args.append(len(acks))
+            for n, name, ref in acks:
+                args += [n + 1, name, ref]
         keys = [self._seq_key] if stream is None else [self._seq_key, stream]
         done_key = f"{self.keyspace}done:{write_id}"
         tried = False
@@ -216,7 +234,7 @@ class RedisWrites(RedisCommits):
         if result[0] == "stale":
             raise StaleRecord(_text(result[1]))
         seqs = [int(seq) for seq in _text(result[1]).split(",")]
-        refs = _text(result[2]).split(",") if stream is not None else []
+        refs = _text(result[2]).split(",") if put else []
         for rec, seq in zip(writes.created, seqs, strict=False):
             if seq > 0:
                 rec.seq = seq

@@ -1,7 +1,8 @@
 """The claim made by the Redis Streams receive script (co-located index), on the real
 server:
 
-* a batch's claims are one journal stream entry, each message's history reads one
+* a batch's claims are one journal stream entry (and its settle acknowledges the
+  entries in the same script as it commits), each message's history reads one
   entry per transition, and the index's bookkeeping (sorted sets, optional fields,
   ``ix``) matches its records, with the claimed member's row kept apart (``ms:<id>``)
   until the settle writes the record whole again;
@@ -71,7 +72,7 @@ def test_a_batch_claim_is_one_journal_entry_and_the_index_stays_consistent(url: 
         assert other.msg_ids == ids
         assert set(_apart(hub, ids[0])) == {"a", "b"}
         check_redis_index(hub.store)
-        batch.done()
+        batch.done()  # each moved on meanwhile (b's claim): settled again on a fresh read
         # The settle wrote each record whole: nothing kept apart any more.
         assert all(_apart(hub, msg_id) == {} for msg_id in ids)
         for msg_id in ids:
@@ -80,6 +81,22 @@ def test_a_batch_claim_is_one_journal_entry_and_the_index_stays_consistent(url: 
         check_redis_index(hub.store)
         other.done()
         assert [m.msg_id for m in q.search(state=iqbridge.PublisherState.JOURNALLED)] == ids
+        check_redis_index(hub.store)
+
+
+def test_a_settle_acknowledges_its_entries_in_the_same_script(url: str) -> None:
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders")
+        q.subscribe("a")
+        ids = q.put_many([f"m{i}".encode() for i in range(10)])
+        batch = q.get_many("a", 10)
+        adapter = hub.adapter
+        assert len(adapter.pending("orders", "a")) == 10  # type: ignore[attr-defined]
+        rows = _journal_rows(hub)
+        assert batch.done().done == ids
+        # Nothing held back for a later round trip: the commit's script sent the XACK.
+        assert adapter.pending("orders", "a") == {}  # type: ignore[attr-defined]
+        assert _journal_rows(hub) == rows + 1
         check_redis_index(hub.store)
 
 

@@ -3,7 +3,8 @@
 -- with the batch's journal written per transition group, not per message.
 --
 -- KEYS[1]  the store's record sequence counter (names the hash tag's node)
--- KEYS[2]  (only for a put with broker entries) the stream the entries go to
+-- KEYS[2]  (only for a put with broker entries, or a settle with acknowledgements) the
+--          stream the entries go to, or whose entries are acknowledged
 -- ARGV[1]  the key prefix, "{iq:<prefix>}:"
 -- ARGV[2]  this commit's write id (kept on every record it writes; the reply is kept
 --          under "done:<write id>" for a client that lost it)
@@ -28,6 +29,10 @@
 --          text "[at,[[actor,kind,src,dst,detail],...]" (without the closing bracket of
 --          the group), ns (entries per message), ni, then ni pairs: the record's number
 --          in this batch, its attempt.
+-- then     (optional) the number of acknowledgements; then each: the record's number,
+--          the consumer group, the entry id, XACKed on KEYS[2] if the record holds (a
+--          settle through Redis Streams on the index's server: the outcome and the
+--          acknowledgement together).
 --
 -- A group's messages whose record holds are written in journal rows of at most 65535
 -- entries: the stream entry "<n>-0" with fields m "" (a batch row), q and e
@@ -166,6 +171,28 @@ for _ = 1, ngroups do
   end
 end
 flush()
+
+-- Acknowledgements of what holds, one XACK per group.
+local nacks = tonumber(ARGV[a] or '0')
+a = a + 1
+if nacks > 0 then
+  local by_group, order = {}, {}
+  for k = a, a + 3 * nacks - 1, 3 do
+    local ch = batch[tonumber(ARGV[k])]
+    if ch and ch.ok then
+      local refs = by_group[ARGV[k + 1]]
+      if not refs then
+        refs = {}
+        by_group[ARGV[k + 1]] = refs
+        order[#order + 1] = ARGV[k + 1]
+      end
+      refs[#refs + 1] = ARGV[k + 2]
+    end
+  end
+  for _, group in ipairs(order) do
+    redis.call('XACK', KEYS[2], group, unpack(by_group[group]))
+  end
+end
 
 local out, refs = {}, {}
 local any = false
