@@ -431,6 +431,8 @@ class RedisStreamsAdapter:
         fewer than ``count``, one script call over the groups in order until one has
         entries for the rest; what it read beyond ``count`` is read ahead."""
         key = self.key(queue)
+        if claim is not None:
+            claim.tokens.clear()  # this call's claims only
         for group in groups:
             self._ensure_group(key, group)
         head: list[Received] = []

@@ -193,12 +193,12 @@ for g = 1, ngroups do
                 'x', 'lk', 'ix', 'h')
               if f[1] then
                 local over = {}
-                if f[6] then
+                if f[6] and f[6] ~= '' then
                   over = redis.call('HGETALL', rp .. 'ms:' .. id)
                 end
                 rec = {f[1], f[2], f[3], f[4], f[5] or false, over}
                 if csub == group and #out < climit and f[3] == e[1] then
-                  if how == 3 and f[6] then
+                  if how == 3 and #over > 0 then
                     -- Read again after a lost reply: claimed by that read, whose tokens
                     -- start with this client's prefix? Then it is this claim's.
                     for i = 1, #over, 2 do

@@ -6,7 +6,7 @@ seq (``s``), native ref (``n``) and last change's time (``u``). A claim made by 
 receive script (the Redis Streams adapter's, on the index's server) does not rewrite the
 record JSON: it writes the claimed member's row to the hash ``ms:<msg_id>`` (subscriber
 -> member row, as :func:`~iqbridge.stores.codec.members_to_json` writes one), bumps
-``v`` and ``u``, and marks the record (``mo``). A record is the JSON with those rows
+``v`` and ``u``, and marks the record (``mo`` = 1). A record is the JSON with those rows
 over its own; the next commit that writes the record JSON (holding every member as it
 stands) drops ``ms:<msg_id>`` again.
 """

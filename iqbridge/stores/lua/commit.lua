@@ -166,12 +166,13 @@ for _, ch in ipairs(batch) do
     for a = ch.f0, ch.f0 + ch.nf - 1 do
       fields[#fields + 1] = ARGV[a]
     end
-    redis.call('HSET', key, unpack(fields))
-    if old[5] then
-      -- Member rows a claim on receive wrote apart: the record just written holds them.
+    if old[5] and old[5] ~= '' then
+      -- Member rows a claim on receive wrote apart: the record written now holds them.
       redis.call('DEL', P .. 'ms:' .. ch.id)
-      redis.call('HDEL', key, 'mo')
+      fields[#fields + 1] = 'mo'
+      fields[#fields + 1] = ''
     end
+    redis.call('HSET', key, unpack(fields))
     if ch.nu > 0 then
       redis.call('HDEL', key, unpack(ARGV, ch.u0, ch.u0 + ch.nu - 1))
     end

@@ -19,7 +19,7 @@ for i = 1, #page, 2 do
   local f = redis.call('HMGET', P .. 'm:' .. id, 'v', 's', 'n', 'r', 'u', 'mo')
   if f[1] then
     local over = {}
-    if f[6] then
+    if f[6] and f[6] ~= '' then
       over = redis.call('HGETALL', P .. 'ms:' .. id)
     end
     rows[#rows + 1] = {id, f[1], f[2], f[3], f[4], f[5], over}

@@ -253,12 +253,13 @@ for _, ch in ipairs(batch) do
       fields[#fields + 1] = ARGV[sh.f0 + k]
       fields[#fields + 1] = ARGV[ch.f0 + k]
     end
-    redis.call('HSET', key, unpack(fields))
-    if old[5] then
-      -- Member rows a claim on receive wrote apart: the record just written holds them.
+    if old[5] and old[5] ~= '' then
+      -- Member rows a claim on receive wrote apart: the record written now holds them.
       redis.call('DEL', P .. 'ms:' .. ch.id)
-      redis.call('HDEL', key, 'mo')
+      fields[#fields + 1] = 'mo'
+      fields[#fields + 1] = ''
     end
+    redis.call('HSET', key, unpack(fields))
     if sh.nu > 0 then
       redis.call('HDEL', key, unpack(ARGV, sh.u0, sh.u0 + sh.nu - 1))
     end
