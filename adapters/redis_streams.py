@@ -36,6 +36,7 @@ index is the Redis index store on the same server and database; it retries for
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import threading
@@ -59,18 +60,21 @@ from tenacity import (
     wait_random,
 )
 
-from iqbridge.adapter import Capabilities
+from iqbridge.adapter import Capabilities, ClaimOnReceive
 from iqbridge.engine import Change
 from iqbridge.errors import BrokerUnavailable, ConfigurationError, IQError
+from iqbridge.ids import new_token
 from iqbridge.inventory import Entry, Unacked
 from iqbridge.model import Envelope, Received
 from iqbridge.redaction import get_logger
 from iqbridge.stores.redis import DirectScripts, RedisStore, transient
+from iqbridge.writes import Writes
 
 from .probes import redis_find_sent, redis_take_over  # noqa: TID251
 from .redis_inventory import redis_entries, redis_unacked  # noqa: TID251
 from .redis_wire import (  # noqa: TID251
     RECEIVE_SCRIPT,
+    claim_args,
     decode_fields,
     encode_fields,
     envelope_of,
@@ -106,6 +110,8 @@ _MAX_PAYLOAD = 512 * 1024 * 1024 - 64 * 1024
 _SCAN = 256
 #: Acknowledgements held back at most this many, or this many seconds, then sent.
 _ACK_BATCH = 64
+#: Claims one receive makes at most (two journal entries each, in one journal row).
+_CLAIM_LIMIT = 30_000
 _ACK_DELAY = 0.5
 
 
@@ -153,6 +159,9 @@ class RedisStreamsAdapter:
         #: read of which lost its reply (see _marking_lost).
         self._seen: dict[tuple[str, str, str], str] = {}
         self._lost: set[tuple[str, str, str]] = set()
+        #: Claims on receive (see _claim_args): their tokens' prefix, and call numbers.
+        self._token_prefix = new_token()[:16]
+        self._calls = itertools.count(1)
 
     @classmethod
     def from_url(cls, url: str) -> RedisStreamsAdapter:
@@ -416,11 +425,14 @@ class RedisStreamsAdapter:
         count: int,
         min_idle: float | None,
         record_prefix: str,
+        claim: ClaimOnReceive | None = None,
     ) -> list[Received]:
         """Entries read ahead first (the first group in order with any); if they are
         fewer than ``count``, one script call over the groups in order until one has
         entries for the rest; what it read beyond ``count`` is read ahead."""
         key = self.key(queue)
+        if claim is not None:
+            claim.tokens.clear()  # this call's claims only
         for group in groups:
             self._ensure_group(key, group)
         head: list[Received] = []
@@ -446,6 +458,9 @@ class RedisStreamsAdapter:
                 idle_ms = max(int(min_idle * 1000), 1)
         want = max(count, self.read_ahead)
         slots = [(key, group, consumer) for group in groups]
+        claiming: list[Any] = []
+        if claim is not None and record_prefix:
+            claiming = self._claim_args(queue, record_prefix, claim, count)
 
         def read() -> Any:
             args: list[Any] = [consumer, idle_ms, REQUEUE_CONSUMER, _SCAN, record_prefix]
@@ -456,6 +471,7 @@ class RedisStreamsAdapter:
                 # Also in a pool's group: the facade offers a member's read-ahead entries
                 # to the other members through the index (Queue._claim_read_ahead).
                 args += [group, want, after, len(acks[group]), *acks[group]]
+            args += claiming
             return self._marking_lost(slots, lambda: self._direct.run(self._receive, [key], args))
 
         try:
@@ -468,7 +484,8 @@ class RedisStreamsAdapter:
         with self._lock:
             for number in reread:
                 self._lost.discard(slots[int(number) - 1])
-        got = [r for r in (self._row(key, groups, row) for row in rows) if r is not None]
+        tokens = claim.tokens if claim is not None else None
+        got = [r for r in (self._row(key, groups, row, tokens) for row in rows) if r is not None]
         self._saw(key, consumer, got)
         if len(got) > count:
             with self._lock:
@@ -476,8 +493,22 @@ class RedisStreamsAdapter:
                 self._ahead.setdefault(slot, deque()).extend(got[count:])
         return head + got[:count]
 
-    def _row(self, key: str, groups: Sequence[str], row: Sequence[Any]) -> Received | None:
-        """One row of the receive script as a :class:`Received` (None: the entry is gone)."""
+    def _claim_args(self, queue: str, prefix: str, claim: ClaimOnReceive, count: int) -> list[Any]:
+        """The receive script's values for a claim on receive (made now). Its tokens
+        start with this adapter's prefix, then the call's number: a read whose reply is
+        lost is retried with the same values, and knows its claims again."""
+        token = f"{self._token_prefix}{next(self._calls):08x}"
+        return claim_args(queue, prefix, claim, min(count, _CLAIM_LIMIT), token, self._token_prefix)
+
+    def _row(
+        self,
+        key: str,
+        groups: Sequence[str],
+        row: Sequence[Any],
+        tokens: dict[str, str] | None = None,
+    ) -> Received | None:
+        """One row of the receive script as a :class:`Received` (None: the entry is gone);
+        a claim's token goes to ``tokens``."""
         ref, group = _text(row[0]), groups[int(row[2]) - 1]
         how = int(row[1])
         if how == 3:  # read again after a lost reply: the application never saw it
@@ -499,6 +530,9 @@ class RedisStreamsAdapter:
             return Received(ref, group, env, adopted, delivery_count=how)
         rec = meta.get("r")
         record = record_of(env.msg_id, rec) if rec else None
+        token = meta.get("t")
+        if token and tokens is not None and record is not None:
+            tokens[ref] = token
         return Received(ref, group, env, delivery_count=how, record=record)
 
     # --- one round trip with the Redis index on the same server (Colocated) -----------
@@ -508,14 +542,22 @@ class RedisStreamsAdapter:
         return isinstance(store, RedisStore) and _server(store.client) == _server(self._r)
 
     def send_indexed(
-        self, queue: str, envelopes: Sequence[Envelope], changes: Sequence[Change], store: object
+        self,
+        queue: str,
+        envelopes: Sequence[Envelope],
+        changes: Sequence[Change] | Writes,
+        store: object,
     ) -> list[str]:
         """Commit the new records and ``XADD`` their entries in one script call, all or
-        nothing (see :meth:`RedisStore.commit_with_entries`); return the entry ids."""
+        nothing (see :meth:`RedisStore.commit_with_entries` and, for a batch's
+        :class:`~iqbridge.writes.Writes`, :meth:`RedisStore.commit_writes_with_entries`);
+        return the entry ids."""
         assert isinstance(store, RedisStore)
         entries = [
             [part for item in encode_fields(env).items() for part in item] for env in envelopes
         ]
+        if isinstance(changes, Writes):
+            return store.commit_writes_with_entries(changes, self.key(queue), entries)
         return store.commit_with_entries(changes, self.key(queue), entries)
 
     def receive_indexed(
@@ -527,12 +569,31 @@ class RedisStreamsAdapter:
         count: int,
         min_idle: float | None,
         store: object,
+        claim: ClaimOnReceive | None = None,
     ) -> list[Received]:
         """:meth:`receive` over several groups in order until one has entries, in one
         round trip that also reads each entry's index record (a hint, see
-        :attr:`Received.record`)."""
+        :attr:`Received.record`) and, with ``claim``, claims the entries of the
+        subscriber's own group on the common path in the same script (see
+        :data:`~iqbridge.adapters.redis_wire.RECEIVE_SCRIPT`)."""
         assert isinstance(store, RedisStore)
-        return self._receive_groups(queue, groups, consumer, count, min_idle, store.keyspace)
+        return self._receive_groups(queue, groups, consumer, count, min_idle, store.keyspace, claim)
+
+    def settle_indexed(
+        self,
+        queue: str,
+        writes: Writes,
+        acks: Sequence[tuple[int, str, str]],
+        store: object,
+    ) -> list[bool]:
+        """Commit a batch's settles and ``XACK`` the entries of those that hold, in one
+        script call (see :meth:`RedisStore.commit_writes_acking`): an outcome and its
+        acknowledgement are made together. One flag per record, as
+        :meth:`~iqbridge.stores.base.IndexStore.commit_writes` returns them."""
+        assert isinstance(store, RedisStore)
+        if not acks:
+            return store.commit_writes(writes)
+        return store.commit_writes_acking(writes, self.key(queue), acks)
 
     def ack(self, queue: str, group: str, refs: Sequence[str]) -> None:
         """``XACK``, batched: sent with the group's next receive, or once 64 are held or

@@ -7,12 +7,17 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
+from iqbridge.adapter import ClaimOnReceive
 from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope, MessageRecord
-from iqbridge.stores.codec import record_from_json
+from iqbridge.states import ActorKind, PublisherState, SubEvent, SubscriberState, subscriber_move
+from iqbridge.stores.redis_records import compose_record
 
 __all__ = [
     "RECEIVE_SCRIPT",
+    "claim_args",
     "decode_fields",
     "encode_fields",
     "envelope_of",
@@ -32,14 +37,28 @@ _H = "iq-h-"
 #: and never leave the server. Held acknowledgements of each group go first. With a
 #: record prefix (the Redis index on the same server), each entry's index record is read
 #: too. Returns rows [id, how, group number, payload, JSON {"f": other fields, "r":
-#: record {v, s, n, r} or false}] for iqbridge entries and [id, how, group number, flat
-#: fields] for others (a legacy producer's); how = 1 for a first delivery, 2 for a
-#: redelivery, 3 for one read again after a lost reply. The reply is {rows, numbers of
-#: the groups whose pending entries were read again to their end}.
+#: record [v, s, n, r, u, {subscriber, member row, ...}] or false, "t": the claim's
+#: token, if claimed}] for iqbridge entries and [id, how, group number, flat fields] for
+#: others (a legacy producer's); how = 1 for a first delivery, 2 for a redelivery, 3 for
+#: one read again after a lost reply. The reply is {rows, numbers of the groups whose
+#: pending entries were read again to their end}.
+#:
+#: With a subscriber to claim for, the script also claims, among the first rows it
+#: returns, each entry of the subscriber's own group whose message is on the claim's
+#: common path (the member AVAILABLE and in no pool, the message REVEALED, not locked,
+#: without a time limit, past any retry delay, the entry its native ref): the member's
+#: row goes to the hash "ms:<msg_id>" (FETCHED, the token, owner and lease; the record
+#: JSON is not rewritten), the record's version and time move on, the message leaves
+#: the claim-order indexes and enters the due index, and the journal gets one entry
+#: per batch listing the claims. The record in the row is the one from before the
+#: claim: the client applies the same claim to it (iqbridge.engine_batch.claim).
 #:
 #: ARGV: consumer, idle ms, requeue consumer, scan limit, record prefix ("" for none),
 #: number of groups, then per group: name, count, the id after which to read its own
-#: pending entries again ("" for none), number of acks, the acks.
+#: pending entries again ("" for none), number of acks, the acks; then the claim's 15
+#: values (see the script). An entry read again after a lost reply whose member a claim
+#: with this client's token prefix holds comes back claimed with that claim's token
+#: (its record as it stands), so a lost reply costs no lease.
 RECEIVE_SCRIPT = """
 local key = KEYS[1]
 local consumer, idle, requeue = ARGV[1], tonumber(ARGV[2]), ARGV[3]
@@ -55,6 +74,90 @@ for g = 1, ngroups do
   end
   a = a + nacks
 end
+-- The claim on receive (see the docstring): after the groups, the subscriber ("" for
+-- none), the claim's time, lease end ("" for none), owner, token prefix, how many rows
+-- at most to claim, the member's state after the claim, the claim's journal steps
+-- (JSON), its claim-order, redeliverable and due index keys, the states AVAILABLE
+-- and REVEALED, the queue, and the prefix every token of this client starts with.
+local csub, cat, cuntil, cowner, ctok, climit = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2],
+  ARGV[a + 3], ARGV[a + 4], tonumber(ARGV[a + 5])
+local cstate, csteps, ckey, rkey, dkey = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9],
+  ARGV[a + 10]
+local available, revealed, mine = ARGV[a + 11], ARGV[a + 12], ARGV[a + 14]
+local claimed, jn, jgroups, jorder = 0, false, {}, {}
+local NULL = cjson.null
+local function js(x)
+  if x == NULL or x == nil then return 'null' end
+  return cjson.encode(x)
+end
+local function num(x)
+  return string.format('%.0f', x)
+end
+
+-- Claim one entry's message for csub if it is on the common path (the member AVAILABLE
+-- in no pool, the message REVEALED, neither locked nor with a time limit, past any
+-- retry delay): the token, or nil (the client decides it).
+local function claim(id, f, over)
+  if f[7] or f[8] then return nil end
+  local r = cjson.decode(f[4])
+  if r[14] ~= revealed then return nil end
+  local row = nil
+  for i = 1, #over, 2 do
+    if over[i] == csub then row = cjson.decode(over[i + 1]) end
+  end
+  if not row then
+    for _, m in ipairs(r[20]) do
+      if m[1] == csub then row = m end
+    end
+  end
+  if not row or row[2] ~= NULL or row[3] ~= available then return nil end
+  local nb = row[9]
+  if nb ~= NULL and cat < nb then return nil end
+  local updated = f[5] and tonumber(f[5]) or r[16]
+  local stamp = num(cat >= updated and cat or updated)
+  claimed = claimed + 1
+  local token = ctok .. string.format('%04x', claimed)
+  local key = rp .. 'm:' .. id
+  if not jn then
+    jn = num(redis.call('INCR', rp .. 'jseq'))
+  end
+  local items = jgroups[stamp]
+  if not items then
+    items = {}
+    jgroups[stamp] = items
+    jorder[#jorder + 1] = stamp
+  end
+  items[#items + 1] = '[' .. cjson.encode(id) .. ',' .. num(row[5]) .. ']'
+  local h = f[10]
+  if h and h ~= '' then h = h .. ',' .. jn else h = jn end
+  local ix = {}
+  for _, k in ipairs(cjson.decode(f[9])) do
+    if k ~= ckey and k ~= rkey and k ~= dkey then ix[#ix + 1] = k end
+  end
+  local due = redis.call('ZSCORE', dkey, id)
+  if due then ix[#ix + 1] = dkey end
+  if cuntil ~= '' then
+    if not due then ix[#ix + 1] = dkey end
+    if not due or tonumber(cuntil) < tonumber(due) then
+      redis.call('ZADD', dkey, cuntil, id)
+    end
+  end
+  redis.call('HSET', key, 'v', num(tonumber(f[1]) + 1), 'u', stamp, 'mo', '1', 'h', h,
+    'ix', cjson.encode(ix))
+  redis.call('HSET', rp .. 'ms:' .. id, csub, '[' .. cjson.encode(csub) .. ',null,' ..
+    cjson.encode(cstate) .. ',' .. js(row[4]) .. ',' .. num(row[5]) .. ',"' .. token ..
+    '",' .. cjson.encode(cowner) .. ',' .. (cuntil ~= '' and cuntil or 'null') ..
+    ',null,' .. js(row[10]) .. ',' .. stamp .. ']')
+  if nb ~= NULL then
+    redis.call('HDEL', key, 'b:' .. csub)
+  end
+  redis.call('ZREM', ckey, id)
+  if row[5] >= 2 then
+    redis.call('ZREM', rkey, id)
+  end
+  return token
+end
+
 local out, reread = {}, {}
 local function field(fields, name)
   for i = 1, #fields, 2 do
@@ -84,11 +187,37 @@ for g = 1, ngroups do
                 meta[fields[i]] = fields[i + 1]
               end
             end
-            local rec = false
+            local rec, token = false, nil
             if rp ~= '' then
-              rec = redis.call('HMGET', rp .. 'm:' .. id, 'v', 's', 'n', 'r')
+              local f = redis.call('HMGET', rp .. 'm:' .. id, 'v', 's', 'n', 'r', 'u', 'mo',
+                'x', 'lk', 'ix', 'h')
+              if f[1] then
+                local over = {}
+                if f[6] and f[6] ~= '' then
+                  over = redis.call('HGETALL', rp .. 'ms:' .. id)
+                end
+                rec = {f[1], f[2], f[3], f[4], f[5] or false, over}
+                if csub == group and #out < climit and f[3] == e[1] then
+                  if how == 3 and #over > 0 then
+                    -- Read again after a lost reply: claimed by that read, whose tokens
+                    -- start with this client's prefix? Then it is this claim's.
+                    for i = 1, #over, 2 do
+                      if over[i] == csub then
+                        local row = cjson.decode(over[i + 1])
+                        if row[3] == cstate and type(row[6]) == 'string'
+                            and string.sub(row[6], 1, #mine) == mine then
+                          token = row[6]
+                        end
+                      end
+                    end
+                  end
+                  if not token then
+                    token = claim(id, f, over)
+                  end
+                end
+              end
             end
-            out[#out + 1] = {e[1], how, g, body, cjson.encode({f = meta, r = rec})}
+            out[#out + 1] = {e[1], how, g, body, cjson.encode({f = meta, r = rec, t = token})}
           else
             out[#out + 1] = {e[1], how, g, fields}
           end
@@ -134,8 +263,54 @@ for g = 1, ngroups do
     break
   end
 end
+if jn then
+  local groups = {}
+  for _, stamp in ipairs(jorder) do
+    groups[#groups + 1] = '[' .. stamp .. ',' .. csteps .. ',[' ..
+      table.concat(jgroups[stamp], ',') .. ']]'
+  end
+  redis.call('XADD', rp .. 'journal', jn .. '-0', 'm', '', 'q', ARGV[a + 13],
+    'e', '{"b":[' .. table.concat(groups, ',') .. ']}')
+end
 return {out, reread}
 """
+
+
+def claim_args(
+    queue: str, prefix: str, claim: ClaimOnReceive, limit: int, tokens: str, mine: str
+) -> list[Any]:
+    """The receive script's values for a claim on receive, made now (``claim.at``,
+    ``claim.lease_until`` and ``claim.tokens`` are reset for it): at most ``limit``
+    claims, their tokens ``tokens`` and a number, ``mine`` the prefix of every token of
+    this client (index key prefix ``prefix``)."""
+    sub, owner = claim.subscriber, claim.owner
+    claim.tokens.clear()
+    claim.at = at = claim.now()
+    claim.lease_until = until = at + claim.lease_us if claim.lease_us is not None else None
+    got = subscriber_move("", sub, SubscriberState.AVAILABLE, SubEvent.GET)
+    fetched = subscriber_move("", sub, got, SubEvent.FETCH)
+    kind = ActorKind.SUBSCRIBER
+    steps = [
+        [sub, kind, SubscriberState.AVAILABLE.value, got.value, f"by {owner}"],
+        [sub, kind, got.value, fetched.value, None],
+    ]
+    return [
+        sub,
+        str(at),
+        "" if until is None else str(until),
+        owner,
+        tokens,
+        limit,
+        fetched.value,
+        orjson.dumps(steps).decode(),
+        f"{prefix}c:{queue}/{sub}",
+        f"{prefix}r:{queue}/{sub}",
+        f"{prefix}d:{queue}",
+        SubscriberState.AVAILABLE.value,
+        PublisherState.REVEALED.value,
+        queue,
+        mine,
+    ]
 
 
 def encode_fields(env: Envelope) -> dict[str, bytes | str]:
@@ -220,9 +395,9 @@ def pairs(flat: Sequence[Any]) -> dict[bytes, bytes]:
 
 
 def record_of(msg_id: str, flat: Sequence[Any]) -> MessageRecord | None:
-    """An index record read by the receive script ([v, s, n, r], JSON false for a field
-    that is missing), or None if it has none."""
-    v, seq, native, body = flat
+    """An index record read by the receive script ([v, s, n, r, u, member rows written
+    apart], JSON false for a field that is missing), or None if it has none."""
+    v, seq, native, body, updated, rows = flat
     if not v or not body:
         return None
-    return record_from_json(msg_id, body, version=int(v), seq=int(seq), native_ref=native or None)
+    return compose_record(msg_id, v, seq, native, body, updated, rows or ())

@@ -20,19 +20,21 @@ Every adapter passes the shared suite in :mod:`iqbridge.testing.adapter_contract
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from iqbridge.model import Envelope, Received
 
 if TYPE_CHECKING:
     from iqbridge.engine import Change
+    from iqbridge.writes import Writes
 
 __all__ = [
     "AcksInTransaction",
     "Adapter",
     "Capabilities",
+    "ClaimOnReceive",
     "Colocated",
     "Fenced",
     "HoldsAcks",
@@ -140,6 +142,27 @@ class Adapter(Protocol):
         ...
 
 
+@dataclass(slots=True)
+class ClaimOnReceive:
+    """Asks a co-located receive (:meth:`Colocated.receive_indexed`) to claim, in the
+    same atomic step as the read, the entries of ``subscriber``'s own group whose
+    messages are on the claim's common path (see :func:`iqbridge.engine_batch.claim`),
+    at ``now()`` for ``lease_us`` microseconds (None: no lease) by ``owner``.
+
+    The receive fills in ``at`` and ``lease_until`` (the claim's time and lease end) and
+    ``tokens`` (entry id -> lease token of each entry it claimed); the entries come back
+    with their records as they were before the claim, and the caller applies the same
+    claim to them. The other entries are for the caller to decide."""
+
+    subscriber: str
+    owner: str
+    lease_us: int | None
+    now: Callable[[], int]
+    at: int = 0
+    lease_until: int | None = None
+    tokens: dict[str, str] = field(default_factory=dict)
+
+
 @runtime_checkable
 class Colocated(Protocol):
     """An adapter that can run its broker's work and the index store's writes in one
@@ -155,13 +178,33 @@ class Colocated(Protocol):
         ...
 
     def send_indexed(
-        self, queue: str, envelopes: Sequence[Envelope], changes: Sequence[Change], store: object
+        self,
+        queue: str,
+        envelopes: Sequence[Envelope],
+        changes: Sequence[Change] | Writes,
+        store: object,
     ) -> list[str]:
-        """Commit ``changes`` (new messages) and store ``envelopes`` in one atomic step;
-        each record gets its entry's native reference. Return the references.
+        """Commit ``changes`` (new messages, one change each or a batch's
+        :class:`~iqbridge.writes.Writes` of created records, in the order of
+        ``envelopes``) and store ``envelopes`` in one atomic step; each record gets its
+        entry's native reference. Return the references.
 
         Raises StaleRecord (nothing written) when a record exists already.
         """
+        ...
+
+    def settle_indexed(
+        self,
+        queue: str,
+        writes: Writes,
+        acks: Sequence[tuple[int, str, str]],
+        store: object,
+    ) -> list[bool]:
+        """Commit a batch's settles (as :meth:`IndexStore.commit_writes
+        <iqbridge.stores.base.IndexStore.commit_writes>`, one flag per record) and
+        acknowledge, in the same atomic step, the broker entries ``acks`` names (the
+        record's position in the order created, moved, changes; the group; the entry)
+        of the records that hold."""
         ...
 
     def receive_indexed(
@@ -173,10 +216,11 @@ class Colocated(Protocol):
         count: int,
         min_idle: float | None,
         store: object,
+        claim: ClaimOnReceive | None = None,
     ) -> list[Received]:
         """Like :meth:`Adapter.receive` (without blocking), over several groups in order
         until one has entries, each with its index record as a hint
-        (:attr:`Received.record`)."""
+        (:attr:`Received.record`); with ``claim``, claiming what it can on the way."""
         ...
 
 

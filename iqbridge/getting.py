@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from iqbridge import engine, engine_batch
-from iqbridge.adapter import LocksNatively
+from iqbridge.adapter import ClaimOnReceive, LocksNatively
 from iqbridge.batch import Batch
 from iqbridge.delivery import Delivery
 from iqbridge.durations import seconds, to_seconds
@@ -29,6 +29,10 @@ from iqbridge.writes import Steps, Writes
 _RECEIVE_SKIPS = 100
 
 __all__ = ["Getting"]
+
+#: A claim of a broker delivery: the delivery, the claim's token, and either the
+#: common path's (before, after) records or the per-message engine's change.
+_Claim = tuple[Received, str, "tuple[MessageRecord, MessageRecord] | Change"]
 
 log = get_logger("iqbridge")
 
@@ -170,8 +174,11 @@ class Getting(Settling, Housekeeping):
         self._declare_groups(groups)
         colocated = self.hub.colocated
         fetches: list[Callable[..., list[Received]]]
+        fused: ClaimOnReceive | None = None
         if colocated is not None:
-            # One round trip over all the subscriber's groups, index records included.
+            # One round trip over all the subscriber's groups, index records included,
+            # the common path's claims made on the way.
+            fused = ClaimOnReceive(subscriber, owner, lease_us, self._now)
             fetches = [
                 functools.partial(
                     colocated.receive_indexed,
@@ -180,6 +187,7 @@ class Getting(Settling, Housekeeping):
                     subscriber,
                     min_idle=min_idle,
                     store=self._store,
+                    claim=fused,
                 )
             ]
         else:
@@ -195,7 +203,10 @@ class Getting(Settling, Housekeeping):
                 received = fetch(count=need)
                 if not received:
                     break
-                out += self._accept_many(received, subscriber, owner, lease_us)
+                if fused is not None and fused.tokens:
+                    out += self._accept_fused(received, subscriber, owner, lease_us, fused)
+                else:
+                    out += self._accept_many(received, subscriber, owner, lease_us)
                 if len(out) >= want or len(received) < need:
                     break
             if len(out) >= want:
@@ -419,20 +430,102 @@ class Getting(Settling, Housekeeping):
         for _ in range(CAS_ATTEMPTS):
             now = self._now()
             until = now + lease_us if lease_us is not None else None
-            claims, again = self._plan(pending, subscriber, now, owner, until)
-            flags = self._store.commit_each([c for _, c, _ in claims]) if claims else []
+            claims, again, journal = self._plan(pending, subscriber, now, owner, until)
+            # The common path's claims in one pass (moved), the others one change each:
+            # one commit for all, each holding where its compare-and-set does.
+            writes = Writes(self.name, journal=journal)
+            order: list[_Claim] = []
+            for claim in claims:
+                if isinstance(claim[2], Change):
+                    writes.changes.append(claim[2])
+                else:
+                    writes.moved.append(claim[2])
+                    order.append(claim)
+            order += [c for c in claims if isinstance(c[2], Change)]
+            flags = self._store.commit_writes(writes) if claims else []
+            held = dict(zip((id(c) for c in order), flags, strict=True))
             refs: list[tuple[str, str]] = []
-            for (received, change, token), ok in zip(claims, flags, strict=True):
-                if not ok:
+            for claim in claims:
+                received, token, made = claim
+                if not held[id(claim)]:
                     again.append(received)
                     continue
-                out.append(self._delivered(received, change, token, subscriber, refs))
+                rec = made.record if isinstance(made, Change) else made[1]
+                out.append(self._delivered(received, rec, token, subscriber, refs))
             if refs:
                 self._store.set_native_refs(refs)
             if not again:
                 return out
             pending = [dataclasses.replace(r, record=None) for r in again]
         raise ConcurrentUpdate(pending[0].envelope.msg_id, CAS_ATTEMPTS)
+
+    def _accept_fused(
+        self,
+        batch: Sequence[Received],
+        subscriber: str,
+        owner: str,
+        lease_us: int | None,
+        fused: ClaimOnReceive,
+    ) -> list[Delivery]:
+        """Broker deliveries some of which the receive claimed already (``fused.tokens``):
+        those become deliveries of the same claim applied to the records they came with
+        (the batch engine; where it would not have made the claim, the index's record is
+        read and taken as it stands); the rest are resolved by :meth:`_accept_many`. In
+        the order of ``batch``."""
+        tokens = fused.tokens
+        mine = [(r, tokens[r.native_ref]) for r in batch if r.native_ref in tokens and r.record]
+        taken = {r.native_ref for r, _ in mine}
+        moved, _, off = engine_batch.claim(
+            [r.record for r, _ in mine if r.record is not None],
+            subscriber,
+            fused.at,
+            [t for _, t in mine],
+            owner=owner,
+            lease_until=fused.lease_until,
+        )
+        skip = set(off)
+        common = iter(moved)
+        got: dict[str, Delivery] = {}
+        stray: list[tuple[Received, str]] = []
+        for k, (received, token) in enumerate(mine):
+            if k in skip:
+                stray.append((received, token))
+                continue
+            after = next(common)[1]
+            m = after.members[subscriber]
+            got[received.native_ref] = Delivery(
+                self, received.envelope, subscriber, token, m.attempt, after.max_attempts, after
+            )
+        if stray:
+            known = self._store.load_many([r.envelope.msg_id for r, _ in stray])
+            for received, token in stray:
+                rec = known.get(received.envelope.msg_id)
+                member = rec.members.get(subscriber) if rec is not None else None
+                if rec is None or member is None or member.lease_token != token:
+                    log.warning(
+                        "queue %s: message %s claimed on receive is no longer held",
+                        self.name,
+                        received.envelope.msg_id,
+                    )
+                    continue
+                got[received.native_ref] = Delivery(
+                    self,
+                    received.envelope,
+                    subscriber,
+                    token,
+                    member.attempt,
+                    rec.max_attempts,
+                    rec,
+                )
+        rest = [r for r in batch if r.native_ref not in taken]
+        others = self._accept_many(rest, subscriber, owner, lease_us) if rest else []
+        by_id = {d.msg_id: d for d in others}
+        out: list[Delivery] = []
+        for received in batch:
+            d = got.get(received.native_ref) or by_id.pop(received.envelope.msg_id, None)
+            if d is not None:
+                out.append(d)
+        return out + list(by_id.values())
 
     def _plan(
         self,
@@ -441,11 +534,13 @@ class Getting(Settling, Housekeeping):
         now: int,
         owner: str,
         lease_until: int | None,
-    ) -> tuple[list[tuple[Received, Change, str]], list[Received]]:
+    ) -> tuple[list[_Claim], list[Received], list[Steps]]:
         """Decide what each broker delivery is for this subscriber: a claim (returned with
-        its token), an acknowledgement (sent here: not addressed to the group, finished
-        already, purged), nothing (held by someone else: it stays pending), or a decision
-        to make again on a fresh read (returned apart)."""
+        its token, in the order of ``batch``: the common path's as (before, after)
+        records, decided in one pass of the batch engine whose journal comes third, the
+        others as one change each), an acknowledgement (sent here: not addressed to the
+        group, finished already, purged), nothing (held by someone else: it stays
+        pending), or a decision to make again on a fresh read (returned apart)."""
         store = self._store
         hints: dict[int, MessageRecord] = {}
         unread: list[str] = []
@@ -462,7 +557,8 @@ class Getting(Settling, Housekeeping):
         #: (group, ordering key) of deliveries left pending: a later one of the same key
         #: in this batch is given back, not claimed (a fencing adapter keeps key order).
         held_keys: set[tuple[str, str]] = set()
-        claims: list[tuple[Received, Change, str]] = []
+        # (position in batch, the delivery, its record, the claim's token)
+        cands: list[tuple[int, Received, MessageRecord, str]] = []
         again: list[Received] = []
         for i, received in enumerate(batch):
             env = received.envelope
@@ -497,19 +593,7 @@ class Getting(Settling, Housekeeping):
                 if fenced and (group, env.ordering_key) in held_keys:
                     self._adapter.requeue(self.name, group, received.native_ref)
                     continue
-                token = new_token()
-                try:
-                    change = engine.claim(
-                        rec, subscriber, now, token=token, owner=owner, lease_until=lease_until
-                    )
-                except (IllegalTransition, LockedError):
-                    if i in hints:
-                        # Decided on the record read with the entry, which went stale (say
-                        # the message was withdrawn since): decide again on a fresh read,
-                        # which may acknowledge the entry.
-                        again.append(received)
-                    continue
-                claims.append((received, change, token))
+                cands.append((i, received, rec, new_token()))
             elif member.state in TERMINAL or member.state is SubscriberState.JOURNALLED:
                 # Once-only: a redelivery of something this subscriber finished is acked,
                 # never processed again.
@@ -525,19 +609,45 @@ class Getting(Settling, Housekeeping):
         if pending and self._fenced is not None:
             for group, refs in pending.items():
                 self._fenced.left_pending(self.name, group, refs)
-        return claims, again
+        moved, journal, off = engine_batch.claim(
+            [c[2] for c in cands],
+            subscriber,
+            now,
+            [c[3] for c in cands],
+            owner=owner,
+            lease_until=lease_until,
+        )
+        skip = set(off)
+        common = iter(moved)
+        claims: list[_Claim] = []
+        for k, (i, received, rec, token) in enumerate(cands):
+            if k not in skip:
+                claims.append((received, token, next(common)))
+                continue
+            try:
+                change = engine.claim(
+                    rec, subscriber, now, token=token, owner=owner, lease_until=lease_until
+                )
+            except (IllegalTransition, LockedError):
+                if i in hints:
+                    # Decided on the record read with the entry, which went stale (say
+                    # the message was withdrawn since): decide again on a fresh read,
+                    # which may acknowledge the entry.
+                    again.append(received)
+                continue
+            claims.append((received, token, change))
+        return claims, again, journal
 
     def _delivered(
         self,
         received: Received,
-        change: Change,
+        rec: MessageRecord,
         token: str,
         subscriber: str,
         refs: list[tuple[str, str]],
     ) -> Delivery:
-        """The delivery of a claimed broker entry; ``refs`` collects native references the
-        index still lacks."""
-        rec = change.record
+        """The delivery of a claimed broker entry (``rec``: its record as claimed);
+        ``refs`` collects native references the index still lacks."""
         if rec.native_ref is None:
             # The putter has not recorded it yet (or died first): the delivery's record
             # must know it too, or its done() would have no entry to acknowledge.

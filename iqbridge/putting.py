@@ -311,6 +311,11 @@ class Putting(Subscribing):
                     rec.native_ref = ref
                 if not all(self._store.commit_writes(writes)):
                     raise StaleRecord(records[0].msg_id)  # a new id taken: nothing stays
+        elif self.hub.colocated is not None:
+            # One server: records and entries in one atomic step, the journal as templates.
+            if self._native:
+                self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
+            self.hub.colocated.send_indexed(self.name, envelopes, writes, self._store)
         else:
             self._put_via_broker(audience, envelopes, writes.as_changes())
         self.hub.notify()

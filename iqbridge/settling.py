@@ -99,15 +99,19 @@ class Settling(QueueCore):
             self._tell_broker([(change.record, subscriber, move)])
         return change
 
-    def _tell_broker(self, moved: Sequence[tuple[MessageRecord, str, Move]]) -> None:
+    def _tell_broker(
+        self, moved: Sequence[tuple[MessageRecord, str, Move]], acked: frozenset[str] = frozenset()
+    ) -> None:
         """What the broker hears once the index holds the outcomes: one acknowledgement
-        per group for what is DONE, a dead letter per UNUSABLE; given-back messages wake
-        this process's getters."""
+        per group for what is DONE (but the msg_ids ``acked`` with the commit already), a
+        dead letter per UNUSABLE; given-back messages wake this process's getters."""
         acks: dict[str, list[str]] = {}
         wake = False
         for rec, subscriber, move in moved:
             if move.kind == "release":
                 wake = True
+            elif move.kind == "done" and rec.msg_id in acked:
+                continue
             elif move.kind in ("done", "unusable") and self._native and rec.native_ref:
                 group = self._group_of(rec, subscriber)
                 if move.kind == "done":
@@ -185,8 +189,20 @@ class Settling(QueueCore):
         with contextlib.ExitStack() as stack:
             if transaction is not None:
                 binding = stack.enter_context(join(store, transaction))
-            flags = store.commit_writes(writes) if len(writes) else []
             records = [a for _, a in writes.moved] + [c.record for c in writes.changes]
+            colocated = self.hub.colocated if binding is None else None
+            acks: list[tuple[int, str, str]] = []
+            if colocated is not None and self._native:
+                # One server: each DONE and its acknowledgement in one atomic step.
+                for n, ((d, move), rec) in enumerate(zip(batched + single, records, strict=True)):
+                    if move.kind == "done" and rec.native_ref:
+                        acks.append((n, self._group_of(rec, d.subscriber), rec.native_ref))
+                flags = (
+                    colocated.settle_indexed(self.name, writes, acks, store) if len(writes) else []
+                )
+            else:
+                flags = store.commit_writes(writes) if len(writes) else []
+            acked = frozenset(records[n].msg_id for n, _, _ in acks if flags[n])
             for (d, move), rec, ok in zip(batched + single, records, flags, strict=True):
                 if ok:
                     moved.append((d, move, rec))
@@ -215,7 +231,7 @@ class Settling(QueueCore):
                 result.released.append(d.msg_id)
         told = [(rec, d.subscriber, m) for d, m, rec in moved]
         if binding is None:
-            self._tell_broker(told)
+            self._tell_broker(told, acked)
         else:
             self._tell_after_commit(binding, transaction, told)
         return result

@@ -1,12 +1,15 @@
 """Helpers for the Redis index store's tests: the server URL, a unique key prefix per
-test (skipped, or failed under CI=true, when Redis is unreachable), and clean-up."""
+test (skipped, or failed under CI=true, when Redis is unreachable), clean-up, and a
+check of the index's own bookkeeping (check_redis_index)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -67,3 +70,39 @@ def drop_streams(prefix: str) -> None:
             client.delete(*keys[i : i + 500])
     finally:
         client.close()
+
+
+def check_redis_index(store: Any) -> None:
+    """Every sorted set of the index holds exactly the records whose ``ix`` names it, and
+    every record's optional fields are exactly those its state calls for."""
+    from iqbridge.stores.redis import RedisStore
+
+    assert isinstance(store, RedisStore)
+    client = store.client
+    records = {
+        key[len(store.keyspace) + 2 :]: key
+        for key in client.scan_iter(match=f"{store.keyspace}m:*", count=1000)
+    }
+    listed: dict[str, set[str]] = {}
+    for msg_id, key in records.items():
+        raw = client.hgetall(key)
+        ix = set(json.loads(raw["ix"]))
+        for index in ix:
+            assert client.zscore(index, msg_id) is not None, f"{msg_id} missing from {index}"
+            listed.setdefault(index, set()).add(msg_id)
+        rec = store.load(msg_id)
+        _, _, _, optional = store._layout(rec)
+        present = {f for f in raw if f in ("x", "lk", "lu") or f.startswith("b:")}
+        assert present == set(optional), f"{msg_id}: fields {present}, state calls for {optional}"
+        for name, value in optional.items():
+            assert raw[name] == value, (msg_id, name)
+    for index in client.scan_iter(match=f"{store.keyspace}*", count=1000, _type="zset"):
+        members = set(client.zrange(index, 0, -1))
+        assert members == listed.get(index, set()), f"{index}: {members} vs {listed.get(index)}"
+    # Member rows kept apart by a claim on receive: only for records marked so, and only
+    # of their own members.
+    for key in client.scan_iter(match=f"{store.keyspace}ms:*", count=1000):
+        msg_id = key[len(store.keyspace) + 3 :]
+        assert msg_id in records, f"member rows of {msg_id} outlived its record"
+        assert client.hget(records[msg_id], "mo") == "1", f"{msg_id}: rows apart, unmarked"
+        assert set(client.hkeys(key)) <= set(store.load(msg_id).members), msg_id

@@ -53,12 +53,12 @@ from iqbridge.errors import ConfigurationError
 from iqbridge.ids import new_token
 from iqbridge.model import Subscriptions
 from iqbridge.states import PublisherState
-from iqbridge.stores.base import BatchWrites, PurgedMessage
+from iqbridge.stores.base import PurgedMessage
 from iqbridge.stores.codec import subscriptions_from_json, subscriptions_to_json
 from iqbridge.stores.redis_base import transient
-from iqbridge.stores.redis_commit import RedisCommits
 from iqbridge.stores.redis_reads import RedisReads
 from iqbridge.stores.redis_scripts import DirectScripts, _pack
+from iqbridge.stores.redis_writes import RedisWrites
 
 __all__ = [
     "DirectScripts",
@@ -116,7 +116,7 @@ def _float_option(opts: dict[str, str], name: str, default: float, url: str) -> 
     return value
 
 
-class RedisStore(RedisCommits, RedisReads, BatchWrites):
+class RedisStore(RedisWrites, RedisReads):
     """The index in Redis (see the module docstring). Thread-safe; fork-safe."""
 
     @classmethod

@@ -88,6 +88,7 @@ class RedisStoreBase:
         self._subs_key = k + "subs"
         scripts: dict[str, Script] = {n: client.register_script(_lua(n)) for n in _SCRIPTS}
         self._commit = scripts["commit"]
+        self._writes = scripts["writes"]
         self._available = scripts["available"]
         self._history = scripts["history"]
         self._page = scripts["page"]
@@ -172,5 +173,9 @@ class RedisStoreBase:
         out: list[JournalEntry] = []
         for n, flat in rows:
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
-            out.extend(entries_from_json(int(n), fields["m"], fields["q"], fields["e"]))
+            entries = entries_from_json(int(n), fields["m"], fields["q"], fields["e"])
+            if fields["m"]:
+                out.extend(entries)
+            else:  # a batch's row: other messages' entries too
+                out.extend(e for e in entries if e.msg_id == msg_id)
         return out

@@ -25,10 +25,10 @@ from iqbridge.stores.codec import (
     JOURNAL_PER_ROW,
     entries_from_json,
     matches,
-    record_from_json,
     summary,
 )
 from iqbridge.stores.redis_base import RedisStoreBase
+from iqbridge.stores.redis_records import compose_record
 
 __all__ = ["RedisReads"]
 
@@ -40,11 +40,10 @@ class RedisReads(RedisStoreBase):
 
     def load(self, msg_id: str) -> MessageRecord:
         """The current record of a message."""
-        key = self._record_key(msg_id)
-        v, s, n, r = self._call(lambda: self._r.hmget(key, "v", "s", "n", "r"))
-        if v is None:
+        found = self.load_many([msg_id])
+        if msg_id not in found:
             raise MessageNotFound(msg_id)
-        return record_from_json(msg_id, r, version=int(v), seq=int(s), native_ref=n)
+        return found[msg_id]
 
     def load_many(self, msg_ids: Sequence[str]) -> dict[str, MessageRecord]:
         """The current records of the known ones of ``msg_ids``, by msg_id (one
@@ -56,14 +55,19 @@ class RedisReads(RedisStoreBase):
         def read() -> list[Any]:
             pipe = self._r.pipeline(transaction=False)
             for msg_id in ids:
-                pipe.hmget(self._record_key(msg_id), "v", "s", "n", "r")
+                pipe.hmget(self._record_key(msg_id), "v", "s", "n", "r", "u")
+                pipe.hgetall(f"{self.keyspace}ms:{msg_id}")
             rows: list[Any] = pipe.execute()
             return rows
 
         out: dict[str, MessageRecord] = {}
-        for msg_id, (v, s, n, r) in zip(ids, self._call(read), strict=True):
+        rows = self._call(read)
+        for i, msg_id in enumerate(ids):
+            v, s, n, r, u = rows[2 * i]
             if v is not None:
-                out[msg_id] = record_from_json(msg_id, r, version=int(v), seq=int(s), native_ref=n)
+                over = rows[2 * i + 1]
+                flat = [x for kv in over.items() for x in kv] if over else ()
+                out[msg_id] = compose_record(msg_id, v, s, n, r, u, flat)
         return out
 
     def retained(self, msg_ids: Sequence[str]) -> dict[str, Retained]:
@@ -172,8 +176,8 @@ class RedisReads(RedisStoreBase):
             scanned, last, rows = self._call(
                 partial(self._page, keys=[index], args=[self.keyspace, after, page])
             )
-            for msg_id, v, s, n, r in rows:
-                yield record_from_json(msg_id, r, version=int(v), seq=int(s), native_ref=n)
+            for msg_id, v, s, n, r, u, over in rows:
+                yield compose_record(msg_id, v, s, n, r, u, over)
             if scanned < page:
                 return
             after = last

@@ -19,7 +19,7 @@ from redis.exceptions import NoScriptError
 
 __all__ = ["DirectScripts"]
 
-_SCRIPTS = ("commit", "available", "history", "page", "purge", "native_ref")
+_SCRIPTS = ("commit", "writes", "available", "history", "page", "purge", "native_ref")
 
 
 def _lua(name: str) -> str:

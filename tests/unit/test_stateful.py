@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -67,7 +66,13 @@ from iqbridge import (
 from iqbridge.model import from_micros
 from iqbridge.states import PUBLISHER_TABLE, SUBSCRIBER_TABLE
 from iqbridge.testing import FakeClock
-from tests.redis_index_helpers import REDIS_URL, drop_keys, drop_streams, fresh_prefix
+from tests.redis_index_helpers import (
+    REDIS_URL,
+    check_redis_index,
+    drop_keys,
+    drop_streams,
+    fresh_prefix,
+)
 
 S = SubscriberState
 P = PublisherState
@@ -664,35 +669,6 @@ class RedisQueueMachine(QueueMachine):
             super().teardown()
             drop_keys(self.prefix)
             drop_streams(f"{self.prefix}:")
-
-
-def check_redis_index(store: Any) -> None:
-    """Every sorted set of the index holds exactly the records whose ``ix`` names it, and
-    every record's optional fields are exactly those its state calls for."""
-    from iqbridge.stores.redis import RedisStore
-
-    assert isinstance(store, RedisStore)
-    client = store.client
-    records = {
-        key[len(store.keyspace) + 2 :]: key
-        for key in client.scan_iter(match=f"{store.keyspace}m:*", count=1000)
-    }
-    listed: dict[str, set[str]] = {}
-    for msg_id, key in records.items():
-        raw = client.hgetall(key)
-        ix = set(json.loads(raw["ix"]))
-        for index in ix:
-            assert client.zscore(index, msg_id) is not None, f"{msg_id} missing from {index}"
-            listed.setdefault(index, set()).add(msg_id)
-        rec = store.load(msg_id)
-        _, _, _, optional = store._layout(rec)
-        present = {f for f in raw if f in ("x", "lk", "lu") or f.startswith("b:")}
-        assert present == set(optional), f"{msg_id}: fields {present}, state calls for {optional}"
-        for name, value in optional.items():
-            assert raw[name] == value, (msg_id, name)
-    for index in client.scan_iter(match=f"{store.keyspace}*", count=1000, _type="zset"):
-        members = set(client.zrange(index, 0, -1))
-        assert members == listed.get(index, set()), f"{index}: {members} vs {listed.get(index)}"
 
 
 def run(machine: type[QueueMachine], examples: int, steps: int, *, full_coverage: bool) -> None:

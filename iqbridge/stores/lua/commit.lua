@@ -82,7 +82,7 @@ for _, ch in ipairs(batch) do
   local stale = seen[ch.id]
   if not stale then
     seen[ch.id] = true
-    local old = redis.call('HMGET', P .. 'm:' .. ch.id, 'v', 's', 'h', 'n')
+    local old = redis.call('HMGET', P .. 'm:' .. ch.id, 'v', 's', 'h', 'n', 'mo')
     if ch.c == '1' then
       stale = old[1] ~= false
     else
@@ -165,6 +165,12 @@ for _, ch in ipairs(batch) do
     end
     for a = ch.f0, ch.f0 + ch.nf - 1 do
       fields[#fields + 1] = ARGV[a]
+    end
+    if old[5] and old[5] ~= '' then
+      -- Member rows a claim on receive wrote apart: the record written now holds them.
+      redis.call('DEL', P .. 'ms:' .. ch.id)
+      fields[#fields + 1] = 'mo'
+      fields[#fields + 1] = ''
     end
     redis.call('HSET', key, unpack(fields))
     if ch.nu > 0 then

@@ -24,7 +24,7 @@ local function drop(id, f)
   if f[4] then  -- where its journal entries are: the history stays readable
     redis.call('SET', P .. 'h:' .. id, f[4])
   end
-  redis.call('DEL', P .. 'm:' .. id, P .. 'b:' .. id)
+  redis.call('DEL', P .. 'm:' .. id, P .. 'b:' .. id, P .. 'ms:' .. id)
   out[#out + 1] = {id, f[2] or ''}
 end
 

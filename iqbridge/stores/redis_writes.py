@@ -1,0 +1,249 @@
+"""A batch's writes (:class:`~iqbridge.writes.Writes`) committed to the Redis index store
+in one script call (``stores/lua/writes.lua``), for :mod:`iqbridge.stores.redis`.
+
+What records moved alike share (the index keys they enter and leave, the optional
+fields they set and drop: their *shape*) is sent once per batch; each record sends
+only what is its own (msg_id, versions, priority, the record, its due time and field
+values). The templated journal goes as one head per group with the records' numbers,
+and the script writes it per group in as few stream entries as fit, only for the
+records whose compare-and-set held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from iqbridge.ids import new_token
+from iqbridge.model import MessageRecord, Retained
+from iqbridge.stores.base import StaleRecord
+from iqbridge.stores.codec import JOURNAL_PER_ROW, encode, entries_to_json, record_to_json
+from iqbridge.stores.redis_commit import RedisCommits
+from iqbridge.writes import Writes
+
+__all__ = ["RedisWrites"]
+
+_Layout = tuple[list[str], list[str], int | None, dict[str, str]]
+_EMPTY: _Layout = ([], [], None, {})
+
+
+class _Packer:
+    """The arguments of one writes.lua call, built record by record."""
+
+    __slots__ = ("due_key", "layout", "records", "shapes")
+
+    def __init__(self, store: RedisWrites, queue: str) -> None:
+        self.layout = store._layout
+        self.due_key = f"{store.keyspace}d:{queue}"
+        self.shapes: dict[tuple[Any, ...], int] = {}
+        self.records: list[Any] = []
+
+    def add(
+        self,
+        rec: MessageRecord,
+        before: _Layout | None,
+        expected: int,
+        journal: Sequence[str] = (),
+        entry: Sequence[bytes | str] = (),
+        retain: Retained | None = None,
+    ) -> None:
+        """One record: created (``before`` None) or moved from the layout ``before``."""
+        by_seq, by_claim, due, opt = self.layout(rec)
+        old_seq, old_claim, old_due, old_opt = before if before is not None else _EMPTY
+        ix = [*by_seq, *by_claim]
+        if due is not None:
+            ix.append(self.due_key)
+        gone = [k for k in old_seq if k not in by_seq]
+        gone += [k for k in old_claim if k not in by_claim]
+        if old_due is not None and due is None:
+            gone.append(self.due_key)
+        key = (
+            tuple(ix),
+            tuple(k for k in by_seq if k not in old_seq),
+            tuple(k for k in by_claim if k not in old_claim),
+            tuple(gone),
+            tuple(opt),
+            tuple(n for n in old_opt if n not in opt),
+        )
+        shape = self.shapes.get(key)
+        if shape is None:
+            shape = self.shapes[key] = len(self.shapes) + 1
+        self.records += [
+            rec.msg_id,
+            "1" if before is None else "0",
+            str(expected),
+            str(rec.version),
+            shape,
+            str(rec.priority),
+            rec.native_ref or "",
+            record_to_json(rec),
+            str(due) if due is not None and due != old_due else "",
+            str(rec.updated_at),
+            *opt.values(),
+            len(journal),
+            *journal,
+            len(entry),
+            *entry,
+        ]
+        if retain is None:
+            self.records.append(0)
+        else:
+            self.records += [2, bytes(retain.body), encode(dict(retain.headers))]
+
+    def args(self) -> list[Any]:
+        out: list[Any] = [len(self.shapes)]
+        for ix, add_seq, add_claim, gone, opt, unset in self.shapes:
+            out += [encode(list(ix)), len(add_seq), *add_seq, len(add_claim), *add_claim]
+            out += [len(gone), *gone, len(opt) + 1, "u", *opt, len(unset), *unset]
+        return out
+
+
+class RedisWrites(RedisCommits):
+    """:meth:`commit_writes` of :class:`~iqbridge.stores.redis.RedisStore`, and the
+    co-located put of a batch (:meth:`commit_writes_with_entries`)."""
+
+    def commit_writes(self, writes: Writes) -> list[bool]:
+        """Commit a batch's writes in one script call: every record whose
+        compare-and-set holds (a created one: whose msg_id is free), with its journal
+        entries, the templated ones written per group; one flag per record, in the
+        order created, moved, changes."""
+        if not len(writes):
+            return []
+        seqs, _ = self._run_writes(writes, "each", None, ())
+        return [seq > 0 for seq in seqs]
+
+    def commit_writes_acking(
+        self, writes: Writes, stream: str, acks: Sequence[tuple[int, str, str]]
+    ) -> list[bool]:
+        """:meth:`commit_writes`, and in the same script call ``XACK`` on ``stream`` (on
+        this server) the entries of the records that hold: ``acks`` are (the record's
+        position in the order created, moved, changes; the consumer group; the entry
+        id)."""
+        if not len(writes):
+            return []
+        seqs, _ = self._run_writes(writes, "each", stream, (), acks)
+        return [seq > 0 for seq in seqs]
+
+    def commit_writes_with_entries(
+        self, writes: Writes, stream: str, entries: Sequence[Sequence[bytes | str]]
+    ) -> list[str]:
+        """Create ``writes.created`` and ``XADD`` one entry each (flat field/value lists,
+        in the same order) to ``stream`` on this server, in one script call, all or
+        nothing; each record keeps its entry id as native ref. Returns the entry ids.
+        Raises StaleRecord (nothing written) if a msg_id is taken."""
+        if writes.moved or writes.changes:
+            raise ValueError("a put with broker entries creates records only")
+        if len(entries) != len(writes.created):
+            raise ValueError(f"{len(entries)} broker entries for {len(writes.created)} records")
+        if not writes.created:
+            return []
+        _, refs = self._run_writes(writes, "all", stream, entries)
+        for rec, ref in zip(writes.created, refs, strict=True):
+            rec.native_ref = ref
+        return refs
+
+    def _run_writes(
+        self,
+        writes: Writes,
+        mode: str,
+        stream: str | None,
+        entries: Sequence[Sequence[bytes | str]],
+        acks: Sequence[tuple[int, str, str]] = (),
+    ) -> tuple[list[int], list[str]]:
+        """Run writes.lua; each record's seq (0: it did not hold) and, with ``entries``,
+        broker entry id."""
+        put = bool(entries)
+        queue = writes.queue
+        pack = _Packer(self, queue)
+        number: dict[str, int] = {}
+        retain = writes.retain
+        for i, rec in enumerate(writes.created):
+            number.setdefault(rec.msg_id, i + 1)
+            pack.add(
+                rec,
+                None,
+                0,
+                entry=entries[i] if put else (),
+                retain=retain[i] if retain else None,
+            )
+        layout = self._layout
+        base = len(writes.created)
+        for i, (before, after) in enumerate(writes.moved):
+            number.setdefault(after.msg_id, base + i + 1)
+            pack.add(after, layout(before), before.version)
+        for change in writes.changes:
+            if change.record.queue != queue:
+                raise ValueError(
+                    f"change of message {change.msg_id} is of queue {change.record.queue!r}, "
+                    f"not {queue!r}"
+                )
+            old = change.before
+            if old is None and not change.created:
+                raise ValueError(
+                    f"change of message {change.msg_id} lacks the record it started from "
+                    f"(Change.before); make changes with iqbridge.engine"
+                )
+            own = change.journal
+            pack.add(
+                change.record,
+                None if old is None or change.created else layout(old),
+                change.expected_version,
+                [
+                    entries_to_json(own[i : i + JOURNAL_PER_ROW - 1])
+                    for i in range(0, len(own), JOURNAL_PER_ROW - 1)
+                ],
+                retain=change.retain if change.created else None,
+            )
+        groups: list[Any] = []
+        ngroups = 0
+        for group in writes.journal:
+            steps = [[s.actor, s.kind, s.src, s.dst, s.detail] for s in group.steps]
+            items: list[Any] = []
+            for msg_id, tries in group.items:
+                n = number.get(msg_id)
+                if n is not None:
+                    items += [n, tries]
+            if items:
+                groups += [encode([group.at, steps])[:-1], len(steps), len(items) // 2, *items]
+                ngroups += 1
+        write_id = new_token()
+        args: list[Any] = [self.keyspace, write_id, mode, self._done_ttl(), queue]
+        args += pack.args()
+        args.append(len(writes))
+        args += pack.records
+        args.append(ngroups)
+        args += groups
+        if acks:
+            args.append(len(acks))
+            for n, name, ref in acks:
+                args += [n + 1, name, ref]
+        keys = [self._seq_key] if stream is None else [self._seq_key, stream]
+        done_key = f"{self.keyspace}done:{write_id}"
+        tried = False
+
+        def attempt() -> Any:
+            nonlocal tried
+            if tried:
+                kept = self._r.get(done_key)
+                if kept is not None:
+                    return kept.split(" ")
+            tried = True
+            return self._direct.run(self._writes, keys, args)
+
+        result: list[Any] = self._call(attempt)
+        if result[0] == "stale":
+            raise StaleRecord(_text(result[1]))
+        seqs = [int(seq) for seq in _text(result[1]).split(",")]
+        refs = _text(result[2]).split(",") if put else []
+        for rec, seq in zip(writes.created, seqs, strict=False):
+            if seq > 0:
+                rec.seq = seq
+        base = len(writes.created) + len(writes.moved)
+        for change, seq in zip(writes.changes, seqs[base:], strict=True):
+            if seq > 0 and change.created:
+                change.record.seq = seq
+        return seqs, refs
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

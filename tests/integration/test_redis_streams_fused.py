@@ -1,0 +1,166 @@
+"""The claim made by the Redis Streams receive script (co-located index), on the real
+server:
+
+* a batch's claims are one journal stream entry (and its settle acknowledges the
+  entries in the same script as it commits), each message's history reads one
+  entry per transition, and the index's bookkeeping (sorted sets, optional fields,
+  ``ix``) matches its records, with the claimed member's row kept apart (``ms:<id>``)
+  until the settle writes the record whole again;
+* an unsettled claim comes back after its lease with attempt + 1, and the old holder is
+  fenced off (its done raises LeaseLost and changes nothing);
+* a redelivered entry of a message already DONE is acknowledged, never handed out;
+* a member in a pool, a browse-locked message and a message with a time limit are
+  left to the facade (claimed the ordinary way), with the same outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import iqbridge
+from iqbridge import SubscriberState
+from iqbridge.errors import LeaseLost
+from iqbridge.model import Pool
+from iqbridge.testing import FakeClock
+from tests.redis_index_helpers import REDIS_URL, check_redis_index, drop_streams, fresh_prefix
+
+pytestmark = pytest.mark.redis
+
+S = SubscriberState
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with fresh_prefix("fused") as prefix:
+        try:
+            yield f"{REDIS_URL}?prefix={prefix}&stream_prefix={prefix}:"
+        finally:
+            drop_streams(f"{prefix}:")
+
+
+def _journal_rows(hub: iqbridge.Hub) -> int:
+    store = hub.store
+    return int(store.client.xlen(f"{store.keyspace}journal"))  # type: ignore[attr-defined]
+
+
+def _apart(hub: iqbridge.Hub, msg_id: str) -> dict[str, str]:
+    store = hub.store
+    return dict(store.client.hgetall(f"{store.keyspace}ms:{msg_id}"))  # type: ignore[attr-defined]
+
+
+def test_a_batch_claim_is_one_journal_entry_and_the_index_stays_consistent(url: str) -> None:
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders", lease=60)
+        q.subscribe("a")
+        q.subscribe("b")
+        ids = q.put_many([f"m{i}".encode() for i in range(20)])
+        rows = _journal_rows(hub)
+        batch = q.get_many("a", 20)
+        assert batch.msg_ids == ids
+        assert _journal_rows(hub) == rows + 1
+        for msg_id in ids:
+            assert set(_apart(hub, msg_id)) == {"a"}
+            history = q.state(msg_id).journal
+            assert [(e.actor, e.dst) for e in history][-2:] == [("a", "GET"), ("a", "FETCHED")]
+            assert q.state(msg_id).subscribers["a"].state is S.FETCHED
+            assert q.state(msg_id).subscribers["b"].state is S.AVAILABLE
+        check_redis_index(hub.store)
+        # b claims too: both rows apart, each its own.
+        other = q.get_many("b", 20)
+        assert other.msg_ids == ids
+        assert set(_apart(hub, ids[0])) == {"a", "b"}
+        check_redis_index(hub.store)
+        batch.done()  # each moved on meanwhile (b's claim): settled again on a fresh read
+        # The settle wrote each record whole: nothing kept apart any more.
+        assert all(_apart(hub, msg_id) == {} for msg_id in ids)
+        for msg_id in ids:
+            view = q.state(msg_id).subscribers
+            assert (view["a"].state, view["b"].state) == (S.JOURNALLED, S.FETCHED)
+        check_redis_index(hub.store)
+        other.done()
+        assert [m.msg_id for m in q.search(state=iqbridge.PublisherState.JOURNALLED)] == ids
+        check_redis_index(hub.store)
+
+
+def test_a_settle_acknowledges_its_entries_in_the_same_script(url: str) -> None:
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders")
+        q.subscribe("a")
+        ids = q.put_many([f"m{i}".encode() for i in range(10)])
+        batch = q.get_many("a", 10)
+        adapter = hub.adapter
+        assert len(adapter.pending("orders", "a")) == 10  # type: ignore[attr-defined]
+        rows = _journal_rows(hub)
+        assert batch.done().done == ids
+        # Nothing held back for a later round trip: the commit's script sent the XACK.
+        assert adapter.pending("orders", "a") == {}  # type: ignore[attr-defined]
+        assert _journal_rows(hub) == rows + 1
+        check_redis_index(hub.store)
+
+
+def test_an_unsettled_claim_comes_back_after_its_lease_and_fences_the_old_holder(
+    url: str,
+) -> None:
+    clock = FakeClock()
+    with iqbridge.connect(url, clock=clock) as hub:
+        q = hub.queue("orders", lease=5)
+        q.subscribe("a")
+        ids = q.put_many([b"1", b"2", b"3"])
+        first = q.get_many("a", 3)
+        assert [d.attempt for d in first] == [1, 1, 1]
+        assert q.get_many("a", 3).msg_ids == []  # held
+        clock.advance(6)
+        assert q.recover() == 3
+        again = q.get_many("a", 3)
+        assert again.msg_ids == ids
+        assert [d.attempt for d in again] == [2, 2, 2]
+        with pytest.raises(LeaseLost):
+            first[0].done()
+        for msg_id in ids:
+            assert q.state(msg_id).subscribers["a"].state is S.FETCHED
+        again.done()
+        for msg_id in ids:
+            state = q.state(msg_id)
+            assert state.subscribers["a"].state is S.JOURNALLED
+            assert sum(1 for e in state.journal if e.dst == S.DONE.value) == 1
+        check_redis_index(hub.store)
+
+
+def test_a_redelivered_done_entry_is_acknowledged_and_never_handed_out(url: str) -> None:
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders")
+        q.subscribe("a")
+        ids = q.put_many([b"1", b"2"])
+        batch = q.get_many("a", 2)
+        batch.done()
+        adapter = hub.adapter
+        adapter.flush()  # type: ignore[attr-defined]
+        ref = hub.store.load(ids[0]).native_ref
+        assert ref is not None
+        assert adapter.redeliver("orders", "a", ref)  # type: ignore[attr-defined]
+        assert q.get_many("a", 10).msg_ids == []
+        adapter.flush()  # type: ignore[attr-defined]
+        assert adapter.pending("orders", "a") == {}  # type: ignore[attr-defined]
+        state = q.state(ids[0])
+        assert sum(1 for e in state.journal if e.dst == S.DONE.value) == 1
+
+
+def test_messages_off_the_common_path_are_claimed_by_the_facade(url: str) -> None:
+    clock = FakeClock()
+    with iqbridge.connect(url, clock=clock) as hub:
+        q = hub.queue("orders", lease=30)
+        q.subscribe_pool("workers", ["w1", "w2"])
+        q.subscribe("a")
+        pooled = q.put_many([b"p1", b"p2"], to=[Pool("workers", ("w1", "w2"))])
+        limited = q.put(b"t", to=["a"], ttl=60)
+        got = q.get_many("w1", 5)
+        assert got.msg_ids == pooled
+        assert all(_apart(hub, msg_id) == {} for msg_id in pooled)
+        d = q.get("a")
+        assert d is not None and d.msg_id == limited
+        assert _apart(hub, limited) == {}
+        got.done()
+        d.done()
+        check_redis_index(hub.store)
