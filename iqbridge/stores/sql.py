@@ -53,19 +53,19 @@ import sqlalchemy as sa
 from iqbridge.errors import ConcurrentUpdate
 from iqbridge.model import Subscriptions
 from iqbridge.states import PublisherState
-from iqbridge.stores.base import AvailableQueries, BatchWrites, PurgedMessage
+from iqbridge.stores.base import AvailableQueries, PurgedMessage
 from iqbridge.stores.codec import subscriptions_from_json, subscriptions_to_json
-from iqbridge.stores.sql_commit import SqlCommits
 from iqbridge.stores.sql_reads import SqlReads
 from iqbridge.stores.sql_rows import _CHUNK
 from iqbridge.stores.sql_schema import parse_sql_url
+from iqbridge.stores.sql_writes import SqlWrites
 
 __all__ = ["SqlStore"]
 
 _JOURNALLED = PublisherState.JOURNALLED.value
 
 
-class SqlStore(SqlCommits, SqlReads, AvailableQueries, BatchWrites):
+class SqlStore(SqlWrites, SqlReads, AvailableQueries):
     """The index in a SQL database (see the module docstring)."""
 
     #: Gaps in the journal's sequence may fill for this long (LateJournal): sequence

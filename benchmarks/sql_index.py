@@ -1,0 +1,113 @@
+"""The SQL index store's batch path: ``put_many`` -> ``get_many`` -> ``batch.done`` through
+a queue whose index is PostgreSQL or MariaDB, before and after the store's native
+``commit_writes``.
+
+The broker is the embedded SQLite queue (``synchronous=normal``, so its file costs little
+beside the index). Each side moves N messages of 100 bytes through a full life in batches
+of ``--batch``, every batch one committed index transaction:
+
+* before: the store commits a batch's writes as one ``commit_each`` of one change object
+  per message (:class:`iqbridge.stores.base.BatchWrites`, what the store did until then);
+* after: the store's own ``commit_writes`` (one statement per table per transition with
+  the compare-and-set inside, the journal written per batch).
+
+Rounds alternate between the two sides, each on fresh tables; the median rate of each is
+reported. The last line is ``ratio=<after/before>`` of the last database measured.
+
+Usage: python benchmarks/sql_index.py [--messages N] [--rounds R] [--batch N]
+                                      [--db postgresql|mariadb|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import iqbridge
+from iqbridge.stores.base import BatchWrites
+from iqbridge.stores.sql import SqlStore
+
+BODY = b"x" * 100
+SERVERS = {
+    "postgresql": os.environ.get("IQ_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+    "mariadb": os.environ.get("IQ_MARIADB_URL", "mariadb://root@127.0.0.1:3306/test"),
+}
+
+
+def run(db: str, n: int, size: int, *, native: bool, tmp: Path) -> float:
+    """Messages per second through put_many/get_many/batch.done on a fresh index."""
+    prefix = f"b{uuid.uuid4().hex[:8]}_"
+    store = SqlStore.from_url(f"{SERVERS[db]}?prefix={prefix}")
+    if not native:  # the fallback: one change object per message through commit_each
+        store.commit_writes = lambda w: BatchWrites.commit_writes(store, w)  # type: ignore[method-assign]
+    try:
+        broker = f"sqlite:///{tmp / prefix}q.db?synchronous=normal"
+        with iqbridge.connect(broker, index=store) as hub:
+            queue = hub.queue("bench")
+            queue.subscribe("s1")
+            start = time.perf_counter()
+            for first in range(0, n, size):
+                queue.put_many([BODY] * min(size, n - first))
+            taken = 0
+            while taken < n:
+                batch = queue.get_many("s1", size)
+                assert batch
+                batch.done()
+                taken += len(batch)
+            elapsed = time.perf_counter() - start
+            assert queue.get("s1") is None
+            assert len(store.history(batch[0].msg_id)) == 8  # PUT .. JOURNALLED, one each
+    finally:
+        _drop(store)
+        store.close()
+    return n / elapsed
+
+
+def _drop(store: SqlStore) -> None:
+    with store.writer.begin() as conn:
+        store.tables.metadata.drop_all(conn)
+
+
+def measure(db: str, n: int, size: int, rounds: int) -> tuple[float, float]:
+    """Median rates (before, after) over alternating rounds."""
+    before: list[float] = []
+    after: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(rounds):
+            before.append(run(db, n, size, native=False, tmp=Path(tmp)))
+            after.append(run(db, n, size, native=True, tmp=Path(tmp)))
+    return statistics.median(before), statistics.median(after)
+
+
+def main() -> None:
+    """Run the benchmark and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--db", choices=["postgresql", "mariadb", "both"], default="both")
+    args = parser.parse_args()
+    dbs = ["postgresql", "mariadb"] if args.db == "both" else [args.db]
+    n = max(args.messages, args.batch)
+    print(
+        f"SQL index: {n} messages of {len(BODY)} B in batches of {args.batch}, "
+        f"{args.rounds} interleaved rounds (medians)"
+    )
+    ratio = 0.0
+    for db in dbs:
+        before, after = measure(db, n, args.batch, args.rounds)
+        ratio = after / before
+        print(f"{db}")
+        print(f"  before (commit_each of changes)   : {before:8.0f} msg/s")
+        print(f"  after  (native commit_writes)     : {after:8.0f} msg/s")
+        print(f"  after/before                      : {ratio:8.2f}")
+    print(f"ratio={ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
