@@ -37,8 +37,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from iqbridge.engine import Change
 from iqbridge.errors import ConcurrentUpdate
-from iqbridge.model import MessageRecord
+from iqbridge.model import MessageRecord, Retained
 from iqbridge.states import ActorKind
 from iqbridge.stores.base import StaleRecord
 from iqbridge.stores.codec import encode
@@ -171,11 +172,24 @@ class SqlWrites(SqlCommits):
             for i in done:
                 inserted[i] = True
             return inserted
+        got = self._pg_insert(conn, [recs[i] for i in pick], [keep[i] for i in pick])
+        out: list[bool] = []
+        for rec, f in zip(recs, flags, strict=True):
+            seq = got.pop(rec.msg_id, None) if f else None
+            if seq is not None:
+                rec.seq = seq
+            out.append(seq is not None)
+        return out
+
+    def _pg_insert(
+        self, conn: Connection, recs: Sequence[MessageRecord], keep: Sequence[Retained | None]
+    ) -> dict[str, int]:
+        """PostgreSQL: insert new records, their member rows and payload copies in one
+        statement, leaving out those whose msg_id is taken; the seqs of those inserted."""
         cols: dict[str, list[Any]] = {k: [] for k in _PG_MSG}
         mem: dict[str, list[Any]] = {k: [] for k in _PG_MEM}
         pl: dict[str, list[Any]] = {"p_id": [], "p_body": [], "p_headers": []}
-        for i in pick:
-            rec = recs[i]
+        for rec, kept in zip(recs, keep, strict=True):
             row = _message_row(rec)
             for k, c in _PG_MSG.items():
                 cols[k].append(row[c])
@@ -193,21 +207,29 @@ class SqlWrites(SqlCommits):
                 mem["u_nb"].append(m.not_before)
                 mem["u_reason"].append(m.reason)
                 mem["u_updated"].append(m.updated_at)
-            kept = keep[i]
             if kept is not None:
                 pl["p_id"].append(rec.msg_id)
                 pl["p_body"].append(bytes(kept.body))
                 pl["p_headers"].append(encode(dict(kept.headers)))
-        got: dict[str, int] = {
-            mid: int(seq) for mid, seq in conn.execute(self._sql()["create"], {**cols, **mem, **pl})
-        }
-        out: list[bool] = []
-        for rec, f in zip(recs, flags, strict=True):
-            seq = got.pop(rec.msg_id, None) if f else None
-            if seq is not None:
-                rec.seq = int(seq)
-            out.append(seq is not None)
-        return out
+        result = conn.execute(self._sql()["create"], {**cols, **mem, **pl})
+        return {mid: int(seq) for mid, seq in result}
+
+    def _insert_records(
+        self, conn: Connection, recs: list[MessageRecord], keep: Sequence[Retained | None]
+    ) -> None:
+        """Insert new records (see :meth:`SqlCommits._insert_records`); on PostgreSQL in one
+        statement, an IntegrityError if a msg_id is taken (the caller's savepoint then
+        undoes the others, as a failed multi-row INSERT would have)."""
+        if self.options.family != "postgresql":
+            super()._insert_records(conn, recs, keep)
+            return
+        got = self._pg_insert(conn, recs, keep)
+        if len(got) != len(recs):  # taken, or repeated in the batch
+            missing = [r.msg_id for r in recs if r.msg_id not in got]
+            taken = missing[0] if missing else recs[0].msg_id
+            raise sa.exc.IntegrityError("INSERT", None, ValueError(f"msg_id {taken} is taken"))
+        for rec in recs:
+            rec.seq = got[rec.msg_id]
 
     def _insert_absent_records(
         self,
@@ -235,6 +257,51 @@ class SqlWrites(SqlCommits):
                 continue
             done.append(i)
         return done
+
+    def _append_journal(self, conn: Connection, changes: Sequence[Change]) -> None:
+        """The journal entries of per-message changes; on PostgreSQL one ``INSERT ...
+        SELECT FROM unnest(...)`` (one array per column) in their order."""
+        if self.options.family != "postgresql":
+            super()._append_journal(conn, changes)
+            return
+        entries = [e for c in changes for e in c.journal]
+        if not entries:
+            return
+        params = {
+            "e_id": [e.msg_id for e in entries],
+            "e_queue": [e.queue for e in entries],
+            "e_actor": [e.actor for e in entries],
+            "e_kind": [e.actor_kind.value for e in entries],
+            "e_src": [e.src for e in entries],
+            "e_dst": [e.dst for e in entries],
+            "e_at": [e.at for e in entries],
+            "e_att": [e.attempt for e in entries],
+            "e_detail": [e.detail for e in entries],
+        }
+        conn.execute(self._sql()["entries"], params)
+
+    # --- native refs ---------------------------------------------------------------------------
+
+    def set_native_refs(self, refs: Sequence[tuple[str, str]]) -> None:
+        """Record where several payloads live, in one transaction and one statement
+        (``UPDATE ... FROM unnest`` on PostgreSQL, ``UPDATE ... JOIN JSON_TABLE`` on
+        MariaDB); unknown ids are skipped."""
+        sql = self._sql().get("refs")
+        if sql is None or len(refs) < 2:
+            super().set_native_refs(refs)
+            return
+        if self.options.family == "postgresql":
+            params: dict[str, Any] = {
+                "r_id": [m for m, _ in refs],
+                "r_ref": [r for _, r in refs],
+            }
+        else:
+            params = {"doc": encode(list(refs))}
+        try:
+            with self._writing(savepoint=True) as conn:
+                conn.execute(sql, params)
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._unavailable(exc) from None
 
     # --- moved ---------------------------------------------------------------------------------
 
@@ -471,6 +538,17 @@ _J_STEP_TYPES = {
     "s_pub": "BOOLEAN",
 }
 _J_ITEMS = tuple(_J_ITEM_TYPES)
+_E_TYPES = {
+    "e_id": "VARCHAR",
+    "e_queue": "VARCHAR",
+    "e_actor": "VARCHAR",
+    "e_kind": "VARCHAR",
+    "e_src": "VARCHAR",
+    "e_dst": "VARCHAR",
+    "e_at": "BIGINT",
+    "e_att": "INTEGER",
+    "e_detail": "TEXT",
+}
 _J_STEPS = tuple(_J_STEP_TYPES)
 
 _PG_MSG_COLS = ", ".join(_PG_MSG.values())
@@ -512,14 +590,29 @@ _PG = {
         " m AS (UPDATE {msg} t SET publisher_state = v.pub, withdrawn = v.wd,"
         " updated_at = v.upd, lock_id = v.lid, lock_owner = v.lown, lock_until = v.luntil,"
         " version = v.ver, next_due = v.due FROM v"
-        " WHERE t.msg_id = v.id AND t.version = v.expected RETURNING 1),"
+        " WHERE t.msg_id = ANY(CAST(:v_id AS VARCHAR[])) AND t.msg_id = v.id"
+        " AND t.version = v.expected RETURNING 1),"
         " u AS (UPDATE {mem} t SET state = w.state, outcome = w.outcome, attempt = w.attempt,"
         " lease_token = w.token, lease_owner = w.owner, lease_until = w.until,"
         " not_before = w.nb, reason = w.reason, updated_at = w.upd FROM unnest("
         + _unnest(_V_MEM_TYPES)
         + ") AS w(id, sub, state, outcome, attempt, token, owner, until, nb, reason, upd)"
-        " WHERE t.msg_id = w.id AND t.subscriber = w.sub)"
+        " WHERE t.msg_id = ANY(CAST(:w_id AS VARCHAR[])) AND t.msg_id = w.id"
+        " AND t.subscriber = w.sub)"
         " SELECT count(*) FROM m"
+    ),
+    "entries": (
+        "INSERT INTO {jr} (msg_id, queue, actor, actor_kind, src, dst, at, attempt, detail)"
+        " SELECT e.id, e.queue, e.actor, e.kind, e.src, e.dst, e.at, e.att, e.detail"
+        " FROM unnest("
+        + _unnest(_E_TYPES)
+        + ") WITH ORDINALITY AS e(id, queue, actor, kind, src, dst, at, att, detail, o)"
+        " ORDER BY e.o"
+    ),
+    "refs": (
+        "UPDATE {msg} t SET native_ref = r.ref FROM unnest(CAST(:r_id AS VARCHAR[]),"
+        " CAST(:r_ref AS VARCHAR[])) AS r(id, ref)"
+        " WHERE t.msg_id = ANY(CAST(:r_id AS VARCHAR[])) AND t.msg_id = r.id"
     ),
     "journal": (
         "INSERT INTO {jr} (msg_id, queue, actor, actor_kind, src, dst, at, attempt, detail)"
@@ -547,6 +640,11 @@ def _json_table(param: str, cols: Sequence[tuple[str, str]], ordinality: bool = 
 
 
 _MY = {
+    "refs": (
+        "UPDATE {msg} t JOIN "
+        + _json_table("doc", (("id", "VARCHAR(128)"), ("ref", "VARCHAR(1024)")))
+        + " r ON t.msg_id = r.id SET t.native_ref = r.ref"
+    ),
     "move": (
         "UPDATE {msg} t JOIN "
         + _json_table(
