@@ -45,6 +45,7 @@ from iqbridge.stores.base import StaleRecord
 from iqbridge.stores.codec import encode
 from iqbridge.stores.sql_commit import _EACH_ATTEMPTS, SqlCommits
 from iqbridge.stores.sql_rows import _CHUNK, _message_row
+from iqbridge.stores.sql_statements import NEW_COLS, statements
 from iqbridge.writes import Writes
 
 __all__ = ["SqlWrites"]
@@ -123,10 +124,9 @@ class SqlWrites(SqlCommits):
     # --- statements --------------------------------------------------------------------------
 
     def _sql(self) -> dict[str, sa.TextClause]:
-        """The dialect's batch statements, made once (table names as the dialect quotes
-        them, schema included)."""
+        """The dialect's batch statements (:mod:`iqbridge.stores.sql_statements`), made
+        once; none on dialects without them."""
         if self._batch_sql is None:
-            family = self.options.family
             fmt = self.writer.dialect.identifier_preparer.format_table
             t = self.tables
             names = {
@@ -135,11 +135,7 @@ class SqlWrites(SqlCommits):
                 "jr": fmt(t.journal),
                 "pl": fmt(t.payloads),
             }
-            made: dict[str, str] = {}
-            if family == "postgresql":
-                made = {k: v.format(**names) for k, v in _PG.items()}
-            elif family == "mysql":
-                made = {k: v.format(**names) for k, v in _MY.items()}
+            made = statements(self.options.family, names)
             self._batch_sql = {k: sa.text(v) for k, v in made.items()}
         return self._batch_sql
 
@@ -148,7 +144,7 @@ class SqlWrites(SqlCommits):
         stored: dict[str, int] = {}
         sql = self._sql().get("lock")
         if sql is not None:
-            for mid, version in conn.execute(sql, {"ids": ids}):
+            for mid, version in conn.execute(sql, {"ids": encode(ids)}):
                 stored[mid] = int(version)
             return stored
         for i in range(0, len(ids), _CHUNK):
@@ -186,33 +182,36 @@ class SqlWrites(SqlCommits):
     ) -> dict[str, int]:
         """PostgreSQL: insert new records, their member rows and payload copies in one
         statement, leaving out those whose msg_id is taken; the seqs of those inserted."""
-        cols: dict[str, list[Any]] = {k: [] for k in _PG_MSG}
-        mem: dict[str, list[Any]] = {k: [] for k in _PG_MEM}
+        rows: list[tuple[Any, ...]] = []
+        members: list[tuple[Any, ...]] = []
         pl: dict[str, list[Any]] = {"p_id": [], "p_body": [], "p_headers": []}
         for rec, kept in zip(recs, keep, strict=True):
             row = _message_row(rec)
-            for k, c in _PG_MSG.items():
-                cols[k].append(row[c])
+            rows.append(tuple(row[c] for c, _ in NEW_COLS))
             for position, m in enumerate(rec.members.values()):
-                mem["u_id"].append(rec.msg_id)
-                mem["u_sub"].append(m.subscriber)
-                mem["u_pos"].append(position)
-                mem["u_pool"].append(m.pool)
-                mem["u_state"].append(m.state)
-                mem["u_outcome"].append(m.outcome)
-                mem["u_attempt"].append(m.attempt)
-                mem["u_token"].append(m.lease_token)
-                mem["u_owner"].append(m.lease_owner)
-                mem["u_until"].append(m.lease_until)
-                mem["u_nb"].append(m.not_before)
-                mem["u_reason"].append(m.reason)
-                mem["u_updated"].append(m.updated_at)
+                members.append(
+                    (
+                        rec.msg_id,
+                        m.subscriber,
+                        position,
+                        m.pool,
+                        m.state,
+                        m.outcome,
+                        m.attempt,
+                        m.lease_token,
+                        m.lease_owner,
+                        m.lease_until,
+                        m.not_before,
+                        m.reason,
+                        m.updated_at,
+                    )
+                )
             if kept is not None:
                 pl["p_id"].append(rec.msg_id)
                 pl["p_body"].append(bytes(kept.body))
                 pl["p_headers"].append(encode(dict(kept.headers)))
-        result = conn.execute(self._sql()["create"], {**cols, **mem, **pl})
-        return {mid: int(seq) for mid, seq in result}
+        params = {"doc": encode(rows), "members": encode(members), **pl}
+        return {mid: int(seq) for mid, seq in conn.execute(self._sql()["create"], params)}
 
     def _insert_records(
         self, conn: Connection, recs: list[MessageRecord], keep: Sequence[Retained | None]
@@ -261,24 +260,17 @@ class SqlWrites(SqlCommits):
     def _append_journal(self, conn: Connection, changes: Sequence[Change]) -> None:
         """The journal entries of per-message changes; on PostgreSQL one ``INSERT ...
         SELECT FROM unnest(...)`` (one array per column) in their order."""
-        if self.options.family != "postgresql":
+        sql = self._sql().get("entries")
+        if sql is None:
             super()._append_journal(conn, changes)
             return
-        entries = [e for c in changes for e in c.journal]
-        if not entries:
-            return
-        params = {
-            "e_id": [e.msg_id for e in entries],
-            "e_queue": [e.queue for e in entries],
-            "e_actor": [e.actor for e in entries],
-            "e_kind": [e.actor_kind.value for e in entries],
-            "e_src": [e.src for e in entries],
-            "e_dst": [e.dst for e in entries],
-            "e_at": [e.at for e in entries],
-            "e_att": [e.attempt for e in entries],
-            "e_detail": [e.detail for e in entries],
-        }
-        conn.execute(self._sql()["entries"], params)
+        rows = [
+            (e.msg_id, e.queue, e.actor, e.actor_kind, e.src, e.dst, e.at, e.attempt, e.detail)
+            for c in changes
+            for e in c.journal
+        ]
+        if rows:
+            conn.execute(sql, {"doc": encode(rows)})
 
     # --- native refs ---------------------------------------------------------------------------
 
@@ -290,16 +282,9 @@ class SqlWrites(SqlCommits):
         if sql is None or len(refs) < 2:
             super().set_native_refs(refs)
             return
-        if self.options.family == "postgresql":
-            params: dict[str, Any] = {
-                "r_id": [m for m, _ in refs],
-                "r_ref": [r for _, r in refs],
-            }
-        else:
-            params = {"doc": encode(list(refs))}
         try:
             with self._writing(savepoint=True) as conn:
-                conn.execute(sql, params)
+                conn.execute(sql, {"doc": encode(list(refs))})
         except sa.exc.SQLAlchemyError as exc:
             raise self._unavailable(exc) from None
 
@@ -343,8 +328,7 @@ class SqlWrites(SqlCommits):
             if m is not b.members.get(name)
         ]
         if family == "postgresql":
-            params: dict[str, Any] = {k: [r[i] for r in msg_rows] for i, k in enumerate(_V_MSG)}
-            params.update({k: [r[i] for r in mem_rows] for i, k in enumerate(_V_MEM)})
+            params = {"doc": encode(msg_rows), "members": encode(mem_rows)}
             count = conn.execute(self._sql()["move"], params).scalar()
             if count != len(moved):
                 raise StaleRecord(moved[0][1].msg_id)
@@ -355,7 +339,7 @@ class SqlWrites(SqlCommits):
             if result.rowcount != len(moved):
                 raise StaleRecord(moved[0][1].msg_id)
             if mem_rows:
-                conn.execute(sql["move_members"], {"doc": encode(mem_rows)})
+                conn.execute(sql["move_members"], {"members": encode(mem_rows)})
             return
         rows = [dict(zip(_CAS_KEYS, r, strict=True)) for r in msg_rows]
         result = conn.execute(self._cas, rows)
@@ -404,12 +388,7 @@ class SqlWrites(SqlCommits):
             ]
         if not items or not steps:
             return
-        if family == "postgresql":
-            params: dict[str, Any] = {k: [r[i] for r in items] for i, k in enumerate(_J_ITEMS)}
-            params.update({k: [r[i] for r in steps] for i, k in enumerate(_J_STEPS)})
-            params["queue"] = writes.queue
-        else:
-            params = {"items": encode(items), "steps": encode(steps), "queue": writes.queue}
+        params = {"items": encode(items), "steps": encode(steps), "queue": writes.queue}
         conn.execute(self._sql()["journal"], params)
 
 
@@ -438,277 +417,3 @@ _MEMBER_KEYS = (
     "b_reason",
     "b_updated",
 )
-
-# --- PostgreSQL: one array parameter per column --------------------------------------------
-
-#: parameter -> message column, of a created record (in the INSERT's column order).
-_PG_MSG = {
-    "m_id": "msg_id",
-    "m_queue": "queue",
-    "m_pub": "publisher",
-    "m_okey": "ordering_key",
-    "m_corr": "correlation_id",
-    "m_prio": "priority",
-    "m_mode": "audience_mode",
-    "m_parents": "parents",
-    "m_ref": "native_ref",
-    "m_ctype": "content_type",
-    "m_size": "body_size",
-    "m_created": "created_at",
-    "m_expires": "expires_at",
-    "m_max": "max_attempts",
-    "m_pstate": "publisher_state",
-    "m_wd": "withdrawn",
-    "m_updated": "updated_at",
-    "m_lid": "lock_id",
-    "m_lown": "lock_owner",
-    "m_luntil": "lock_until",
-    "m_version": "version",
-    "m_due": "next_due",
-}
-_PG_MSG_TYPES = {
-    "m_prio": "SMALLINT",
-    "m_size": "BIGINT",
-    "m_created": "BIGINT",
-    "m_expires": "BIGINT",
-    "m_max": "INTEGER",
-    "m_wd": "SMALLINT",
-    "m_updated": "BIGINT",
-    "m_luntil": "BIGINT",
-    "m_version": "BIGINT",
-    "m_due": "BIGINT",
-}
-_PG_MEM = {
-    "u_id": "VARCHAR",
-    "u_sub": "VARCHAR",
-    "u_pos": "SMALLINT",
-    "u_pool": "VARCHAR",
-    "u_state": "VARCHAR",
-    "u_outcome": "VARCHAR",
-    "u_attempt": "INTEGER",
-    "u_token": "VARCHAR",
-    "u_owner": "VARCHAR",
-    "u_until": "BIGINT",
-    "u_nb": "BIGINT",
-    "u_reason": "TEXT",
-    "u_updated": "BIGINT",
-}
-
-
-def _unnest(params: dict[str, str]) -> str:
-    return ", ".join(f"CAST(:{k} AS {t}[])" for k, t in params.items())
-
-
-_V_MSG_TYPES = {
-    "v_id": "VARCHAR",
-    "v_expected": "BIGINT",
-    "v_pub": "VARCHAR",
-    "v_wd": "SMALLINT",
-    "v_upd": "BIGINT",
-    "v_lid": "VARCHAR",
-    "v_lown": "VARCHAR",
-    "v_luntil": "BIGINT",
-    "v_ver": "BIGINT",
-    "v_due": "BIGINT",
-}
-_V_MSG = tuple(_V_MSG_TYPES)
-_V_MEM_TYPES = {
-    "w_id": "VARCHAR",
-    "w_sub": "VARCHAR",
-    "w_state": "VARCHAR",
-    "w_outcome": "VARCHAR",
-    "w_attempt": "INTEGER",
-    "w_token": "VARCHAR",
-    "w_owner": "VARCHAR",
-    "w_until": "BIGINT",
-    "w_nb": "BIGINT",
-    "w_reason": "TEXT",
-    "w_upd": "BIGINT",
-}
-_V_MEM = tuple(_V_MEM_TYPES)
-_J_ITEM_TYPES = {"j_g": "INTEGER", "j_id": "VARCHAR", "j_att": "INTEGER"}
-_J_STEP_TYPES = {
-    "s_g": "INTEGER",
-    "s_actor": "VARCHAR",
-    "s_kind": "VARCHAR",
-    "s_src": "VARCHAR",
-    "s_dst": "VARCHAR",
-    "s_detail": "TEXT",
-    "s_at": "BIGINT",
-    "s_pub": "BOOLEAN",
-}
-_J_ITEMS = tuple(_J_ITEM_TYPES)
-_E_TYPES = {
-    "e_id": "VARCHAR",
-    "e_queue": "VARCHAR",
-    "e_actor": "VARCHAR",
-    "e_kind": "VARCHAR",
-    "e_src": "VARCHAR",
-    "e_dst": "VARCHAR",
-    "e_at": "BIGINT",
-    "e_att": "INTEGER",
-    "e_detail": "TEXT",
-}
-_J_STEPS = tuple(_J_STEP_TYPES)
-
-_PG_MSG_COLS = ", ".join(_PG_MSG.values())
-_PG = {
-    "lock": (
-        "SELECT msg_id, version FROM {msg} WHERE msg_id = ANY(CAST(:ids AS VARCHAR[]))"
-        " ORDER BY msg_id FOR UPDATE"
-    ),
-    "create": (
-        "WITH v AS (SELECT * FROM unnest("
-        + _unnest({k: _PG_MSG_TYPES.get(k, "VARCHAR") for k in _PG_MSG})
-        + ") WITH ORDINALITY AS v("
-        + _PG_MSG_COLS
-        + ", o)), ins AS (INSERT INTO {msg} ("
-        + _PG_MSG_COLS
-        + ") SELECT "
-        + _PG_MSG_COLS
-        + " FROM v ORDER BY o ON CONFLICT (msg_id) DO NOTHING"
-        " RETURNING msg_id, seq, queue, priority),"
-        " mem AS (INSERT INTO {mem} (msg_id, subscriber, position, queue, seq, neg_priority,"
-        " pool, state, outcome, attempt, lease_token, lease_owner, lease_until, not_before,"
-        " reason, updated_at) SELECT u.msg_id, u.subscriber, u.position, ins.queue, ins.seq,"
-        " -ins.priority, u.pool, u.state, u.outcome, u.attempt, u.lease_token, u.lease_owner,"
-        " u.lease_until, u.not_before, u.reason, u.updated_at FROM unnest("
-        + _unnest(_PG_MEM)
-        + ") AS u(msg_id, subscriber, position, pool, state, outcome, attempt, lease_token,"
-        " lease_owner, lease_until, not_before, reason, updated_at)"
-        " JOIN ins ON ins.msg_id = u.msg_id),"
-        " pl AS (INSERT INTO {pl} (msg_id, body, headers) SELECT p.msg_id, p.body, p.headers"
-        " FROM unnest(CAST(:p_id AS VARCHAR[]), CAST(:p_body AS BYTEA[]),"
-        " CAST(:p_headers AS TEXT[])) AS p(msg_id, body, headers)"
-        " JOIN ins ON ins.msg_id = p.msg_id)"
-        " SELECT msg_id, seq FROM ins"
-    ),
-    "move": (
-        "WITH v AS (SELECT * FROM unnest("
-        + _unnest(_V_MSG_TYPES)
-        + ") AS v(id, expected, pub, wd, upd, lid, lown, luntil, ver, due)),"
-        " m AS (UPDATE {msg} t SET publisher_state = v.pub, withdrawn = v.wd,"
-        " updated_at = v.upd, lock_id = v.lid, lock_owner = v.lown, lock_until = v.luntil,"
-        " version = v.ver, next_due = v.due FROM v"
-        " WHERE t.msg_id = ANY(CAST(:v_id AS VARCHAR[])) AND t.msg_id = v.id"
-        " AND t.version = v.expected RETURNING 1),"
-        " u AS (UPDATE {mem} t SET state = w.state, outcome = w.outcome, attempt = w.attempt,"
-        " lease_token = w.token, lease_owner = w.owner, lease_until = w.until,"
-        " not_before = w.nb, reason = w.reason, updated_at = w.upd FROM unnest("
-        + _unnest(_V_MEM_TYPES)
-        + ") AS w(id, sub, state, outcome, attempt, token, owner, until, nb, reason, upd)"
-        " WHERE t.msg_id = ANY(CAST(:w_id AS VARCHAR[])) AND t.msg_id = w.id"
-        " AND t.subscriber = w.sub)"
-        " SELECT count(*) FROM m"
-    ),
-    "entries": (
-        "INSERT INTO {jr} (msg_id, queue, actor, actor_kind, src, dst, at, attempt, detail)"
-        " SELECT e.id, e.queue, e.actor, e.kind, e.src, e.dst, e.at, e.att, e.detail"
-        " FROM unnest("
-        + _unnest(_E_TYPES)
-        + ") WITH ORDINALITY AS e(id, queue, actor, kind, src, dst, at, att, detail, o)"
-        " ORDER BY e.o"
-    ),
-    "refs": (
-        "UPDATE {msg} t SET native_ref = r.ref FROM unnest(CAST(:r_id AS VARCHAR[]),"
-        " CAST(:r_ref AS VARCHAR[])) AS r(id, ref)"
-        " WHERE t.msg_id = ANY(CAST(:r_id AS VARCHAR[])) AND t.msg_id = r.id"
-    ),
-    "journal": (
-        "INSERT INTO {jr} (msg_id, queue, actor, actor_kind, src, dst, at, attempt, detail)"
-        " SELECT m.id, :queue, s.actor, s.kind, s.src, s.dst, s.at,"
-        " CASE WHEN s.pub THEN 1 ELSE m.att END, s.detail FROM unnest("
-        + _unnest(_J_ITEM_TYPES)
-        + ") WITH ORDINALITY AS m(g, id, att, o) JOIN unnest("
-        + _unnest(_J_STEP_TYPES)
-        + ") WITH ORDINALITY AS s(g, actor, kind, src, dst, detail, at, pub, o)"
-        " ON s.g = m.g ORDER BY m.o, s.o"
-    ),
-}
-
-# --- MariaDB / MySQL: the rows as one JSON parameter -----------------------------------------
-
-_BIN = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-
-
-def _json_table(param: str, cols: Sequence[tuple[str, str]], ordinality: bool = False) -> str:
-    out = ["o FOR ORDINALITY"] if ordinality else []
-    for i, (name, kind) in enumerate(cols):
-        text = kind.startswith(("VARCHAR", "TEXT"))
-        out.append(f"{name} {kind}{' ' + _BIN if text else ''} PATH '$[{i}]'")
-    return f"JSON_TABLE(:{param}, '$[*]' COLUMNS ({', '.join(out)}))"
-
-
-_MY = {
-    "refs": (
-        "UPDATE {msg} t JOIN "
-        + _json_table("doc", (("id", "VARCHAR(128)"), ("ref", "VARCHAR(1024)")))
-        + " r ON t.msg_id = r.id SET t.native_ref = r.ref"
-    ),
-    "move": (
-        "UPDATE {msg} t JOIN "
-        + _json_table(
-            "doc",
-            (
-                ("id", "VARCHAR(128)"),
-                ("expected", "BIGINT"),
-                ("pub", "VARCHAR(16)"),
-                ("wd", "SMALLINT"),
-                ("upd", "BIGINT"),
-                ("lid", "VARCHAR(128)"),
-                ("lown", "VARCHAR(512)"),
-                ("luntil", "BIGINT"),
-                ("ver", "BIGINT"),
-                ("due", "BIGINT"),
-            ),
-        )
-        + " v ON t.msg_id = v.id AND t.version = v.expected SET t.publisher_state = v.pub,"
-        " t.withdrawn = v.wd, t.updated_at = v.upd, t.lock_id = v.lid, t.lock_owner = v.lown,"
-        " t.lock_until = v.luntil, t.version = v.ver, t.next_due = v.due"
-    ),
-    "move_members": (
-        "UPDATE {mem} t JOIN "
-        + _json_table(
-            "doc",
-            (
-                ("id", "VARCHAR(128)"),
-                ("sub", "VARCHAR(200)"),
-                ("state", "VARCHAR(16)"),
-                ("outcome", "VARCHAR(16)"),
-                ("attempt", "INT"),
-                ("token", "VARCHAR(128)"),
-                ("owner", "VARCHAR(512)"),
-                ("until", "BIGINT"),
-                ("nb", "BIGINT"),
-                ("reason", "TEXT"),
-                ("upd", "BIGINT"),
-            ),
-        )
-        + " w ON t.msg_id = w.id AND t.subscriber = w.sub SET t.state = w.state,"
-        " t.outcome = w.outcome, t.attempt = w.attempt, t.lease_token = w.token,"
-        " t.lease_owner = w.owner, t.lease_until = w.until, t.not_before = w.nb,"
-        " t.reason = w.reason, t.updated_at = w.upd"
-    ),
-    "journal": (
-        "INSERT INTO {jr} (msg_id, queue, actor, actor_kind, src, dst, at, attempt, detail)"
-        " SELECT m.id, :queue, s.actor, s.kind, s.src, s.dst, s.at,"
-        " CASE WHEN s.pub THEN 1 ELSE m.att END, s.detail FROM "
-        + _json_table("items", (("g", "INT"), ("id", "VARCHAR(128)"), ("att", "INT")), True)
-        + " m JOIN "
-        + _json_table(
-            "steps",
-            (
-                ("g", "INT"),
-                ("actor", "VARCHAR(200)"),
-                ("kind", "VARCHAR(16)"),
-                ("src", "VARCHAR(16)"),
-                ("dst", "VARCHAR(16)"),
-                ("detail", "TEXT"),
-                ("at", "BIGINT"),
-                ("pub", "BOOLEAN"),
-            ),
-            True,
-        )
-        + " s ON s.g = m.g ORDER BY m.o, s.o"
-    ),
-}
