@@ -248,8 +248,13 @@ def _mysql() -> dict[str, str]:
             " ON t.msg_id = w.msg_id AND t.subscriber = w.subscriber"
             f" SET {_set(MOVED_MEMBER_COLS[2:], 't.', 'w')}"
         ),
-        "journal": _journal(fam),
-        "entries": _entries(fam),
+        # The journal is not written by INSERT ... SELECT here: InnoDB hands a bulk
+        # insert of unknown size AUTO_INCREMENT values in growing chunks and drops the
+        # unused ones, and readers take a gap in the journal's numbers for a commit still
+        # to come (LateJournal). A multi-row INSERT ... VALUES gets consecutive numbers.
+        "journal_rows": (
+            f"INSERT INTO {{jr}} ({_JOURNAL_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        ),
         "refs": (
             f"UPDATE {{msg}} t JOIN {_rows(fam, 'doc', _REF_COLS)} r ON t.msg_id = r.msg_id"
             " SET t.native_ref = r.native_ref"

@@ -59,6 +59,7 @@ class SqlWrites(SqlCommits):
     """:meth:`commit_writes` of :class:`~iqbridge.stores.sql.SqlStore`."""
 
     _batch_sql: dict[str, sa.TextClause] | None = None
+    _journal_rows: str | None = None
 
     def commit_writes(self, writes: Writes) -> list[bool]:
         """Commit a batch's writes in one transaction (see the module docstring): every
@@ -136,8 +137,15 @@ class SqlWrites(SqlCommits):
                 "pl": fmt(t.payloads),
             }
             made = statements(self.options.family, names)
-            self._batch_sql = {k: sa.text(v) for k, v in made.items()}
+            self._batch_sql = {k: sa.text(v) for k, v in made.items() if k != "journal_rows"}
+            self._journal_rows = made.get("journal_rows")
         return self._batch_sql
+
+    def _insert_journal_rows(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
+        """Journal rows ``(msg_id, queue, actor, actor_kind, src, dst, at, attempt,
+        detail)`` by one multi-row ``INSERT ... VALUES`` (PyMySQL's ``executemany``)."""
+        assert self._journal_rows is not None
+        conn.exec_driver_sql(self._journal_rows, rows)
 
     def _lock(self, conn: Connection, ids: list[str]) -> dict[str, int]:
         """Lock the rows of ``ids`` (sorted) and read their versions."""
@@ -261,16 +269,30 @@ class SqlWrites(SqlCommits):
         """The journal entries of per-message changes; on PostgreSQL one ``INSERT ...
         SELECT FROM unnest(...)`` (one array per column) in their order."""
         sql = self._sql().get("entries")
-        if sql is None:
+        if sql is None and self._journal_rows is None:
             super()._append_journal(conn, changes)
             return
         rows = [
-            (e.msg_id, e.queue, e.actor, e.actor_kind, e.src, e.dst, e.at, e.attempt, e.detail)
+            (
+                e.msg_id,
+                e.queue,
+                e.actor,
+                e.actor_kind.value,
+                e.src,
+                e.dst,
+                e.at,
+                e.attempt,
+                e.detail,
+            )
             for c in changes
             for e in c.journal
         ]
-        if rows:
+        if not rows:
+            return
+        if sql is not None:
             conn.execute(sql, {"doc": encode(rows)})
+        else:
+            self._insert_journal_rows(conn, rows)
 
     # --- native refs ---------------------------------------------------------------------------
 
@@ -355,8 +377,18 @@ class SqlWrites(SqlCommits):
     def _journal_batch(self, conn: Connection, writes: Writes, ok: set[str]) -> None:
         """The templated journal entries of the records that hold: one row per message per
         transition, numbered in :meth:`Writes.flat` order."""
-        family = self.options.family
-        if family not in ("postgresql", "mysql"):
+        sql = self._sql().get("journal")
+        if sql is None and self._journal_rows is not None:
+            queue = writes.queue
+            expanded = [
+                (mid, queue, e.actor, e.actor_kind.value, e.src, e.dst, e.at, e.attempt, e.detail)
+                for mid, e in writes.flat()
+                if mid in ok
+            ]
+            if expanded:
+                self._insert_journal_rows(conn, expanded)
+            return
+        if sql is None:
             rows = [
                 {
                     "msg_id": e.msg_id,
@@ -389,7 +421,7 @@ class SqlWrites(SqlCommits):
         if not items or not steps:
             return
         params = {"items": encode(items), "steps": encode(steps), "queue": writes.queue}
-        conn.execute(self._sql()["journal"], params)
+        conn.execute(sql, params)
 
 
 _CAS_KEYS = (
