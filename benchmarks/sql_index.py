@@ -6,10 +6,12 @@ The broker is the embedded SQLite queue (``synchronous=normal``, so its file cos
 beside the index). Each side moves N messages of 100 bytes through a full life in batches
 of ``--batch``, every batch one committed index transaction:
 
-* before: the store commits a batch's writes as one ``commit_each`` of one change object
-  per message (:class:`iqbridge.stores.base.BatchWrites`, what the store did until then);
+* before: the store as it was: a batch's writes committed as one ``commit_each`` of one
+  change object per message (:class:`iqbridge.stores.base.BatchWrites`), every table
+  written by ``executemany`` of per-row statements;
 * after: the store's own ``commit_writes`` (one statement per table per transition with
-  the compare-and-set inside, the journal written per batch).
+  the compare-and-set inside, the journal expanded per batch in the database), puts and
+  native refs in one statement each.
 
 Rounds alternate between the two sides, each on fresh tables; the median rate of each is
 reported. The last line is ``ratio=<after/before>`` of the last database measured.
@@ -31,6 +33,7 @@ from pathlib import Path
 import iqbridge
 from iqbridge.stores.base import BatchWrites
 from iqbridge.stores.sql import SqlStore
+from iqbridge.stores.sql_commit import SqlCommits
 
 BODY = b"x" * 100
 SERVERS = {
@@ -39,12 +42,20 @@ SERVERS = {
 }
 
 
+class Before(SqlStore):
+    """The store as it was: a batch's writes as one ``commit_each`` of a change per
+    message, and every statement per row (``executemany``)."""
+
+    commit_writes = BatchWrites.commit_writes
+    _insert_records = SqlCommits._insert_records
+    _append_journal = SqlCommits._append_journal
+    set_native_refs = SqlCommits.set_native_refs
+
+
 def run(db: str, n: int, size: int, *, native: bool, tmp: Path) -> float:
     """Messages per second through put_many/get_many/batch.done on a fresh index."""
     prefix = f"b{uuid.uuid4().hex[:8]}_"
-    store = SqlStore.from_url(f"{SERVERS[db]}?prefix={prefix}")
-    if not native:  # the fallback: one change object per message through commit_each
-        store.commit_writes = lambda w: BatchWrites.commit_writes(store, w)  # type: ignore[method-assign]
+    store = (SqlStore if native else Before).from_url(f"{SERVERS[db]}?prefix={prefix}")
     try:
         broker = f"sqlite:///{tmp / prefix}q.db?synchronous=normal"
         with iqbridge.connect(broker, index=store) as hub:
