@@ -213,6 +213,11 @@ class SqlCommits(SqlStoreBase):
                     }
                 )
         conn.execute(self.tables.members.insert(), members)
+        self._insert_payloads(conn, recs, keep)
+
+    def _insert_payloads(
+        self, conn: Connection, recs: list[MessageRecord], keep: Sequence[Retained | None]
+    ) -> None:
         payloads = [
             {
                 "msg_id": rec.msg_id,

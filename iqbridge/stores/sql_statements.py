@@ -252,8 +252,13 @@ def _mysql() -> dict[str, str]:
         # insert of unknown size AUTO_INCREMENT values in growing chunks and drops the
         # unused ones, and readers take a gap in the journal's numbers for a commit still
         # to come (LateJournal). A multi-row INSERT ... VALUES gets consecutive numbers.
-        "journal_rows": (
-            f"INSERT INTO {{jr}} ({_JOURNAL_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        # (Multi-row INSERT ... VALUES: the rows follow, as literals.)
+        "journal_rows": f"INSERT INTO {{jr}} ({_JOURNAL_COLS}) VALUES ",
+        "message_rows": f"INSERT INTO {{msg}} ({_names(NEW_COLS)}) VALUES ",
+        "member_rows": (
+            "INSERT INTO {mem} (msg_id, subscriber, `position`, queue, seq, neg_priority,"
+            " pool, state, outcome, attempt, lease_token, lease_owner, lease_until,"
+            " not_before, reason, updated_at) VALUES "
         ),
         "refs": (
             f"UPDATE {{msg}} t JOIN {_rows(fam, 'doc', _REF_COLS)} r ON t.msg_id = r.msg_id"

@@ -51,6 +51,9 @@ from iqbridge.writes import Writes
 __all__ = ["SqlWrites"]
 
 _PUBLISHER = ActorKind.PUBLISHER
+#: Text of one multi-row INSERT at most, about (MariaDB's max_allowed_packet is 16 MiB).
+_STATEMENT_BYTES = 1 << 20
+_NO_PARAMS: Any = {"no_parameters": True}
 
 Moved = list[tuple[MessageRecord, MessageRecord]]
 
@@ -60,6 +63,7 @@ class SqlWrites(SqlCommits):
 
     _batch_sql: dict[str, sa.TextClause] | None = None
     _journal_rows: str | None = None
+    _prefixes: dict[str, str]
 
     def commit_writes(self, writes: Writes) -> list[bool]:
         """Commit a batch's writes in one transaction (see the module docstring): every
@@ -137,15 +141,48 @@ class SqlWrites(SqlCommits):
                 "pl": fmt(t.payloads),
             }
             made = statements(self.options.family, names)
-            self._batch_sql = {k: sa.text(v) for k, v in made.items() if k != "journal_rows"}
+            self._batch_sql = {k: sa.text(v) for k, v in made.items() if not k.endswith("_rows")}
+            self._prefixes = {k: v for k, v in made.items() if k.endswith("_rows")}
             self._journal_rows = made.get("journal_rows")
         return self._batch_sql
 
     def _insert_journal_rows(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
         """Journal rows ``(msg_id, queue, actor, actor_kind, src, dst, at, attempt,
-        detail)`` by one multi-row ``INSERT ... VALUES`` (PyMySQL's ``executemany``)."""
-        assert self._journal_rows is not None
-        conn.exec_driver_sql(self._journal_rows, rows)
+        detail)`` by multi-row ``INSERT ... VALUES`` (MariaDB)."""
+        self._insert_rows(conn, "journal_rows", rows)
+
+    def _insert_rows(self, conn: Connection, kind: str, rows: list[tuple[Any, ...]]) -> None:
+        """MariaDB: ``rows`` by multi-row ``INSERT ... VALUES`` statements of the values
+        as literals, each distinct string escaped once (by the driver's own escaping,
+        which follows the session's sql_mode), up to about 1 MB of text a statement. One
+        statement per batch for the usual batch sizes; a simple insert, so InnoDB numbers
+        its rows consecutively, leaving no gap."""
+        self._sql()  # made once, with the prefixes
+        prefix = self._prefixes[kind]
+        escape = conn.connection.dbapi_connection.escape  # type: ignore[union-attr]
+        cache: dict[str, str] = {}
+        parts: list[str] = []
+        size = 0
+        for row in rows:
+            values = []
+            for v in row:
+                if v is None:
+                    values.append("NULL")
+                elif isinstance(v, str):
+                    lit = cache.get(v)
+                    if lit is None:
+                        lit = cache[v] = escape(str(v))
+                    values.append(lit)
+                else:
+                    values.append(str(int(v)))
+            text = "(" + ",".join(values) + ")"
+            parts.append(text)
+            size += len(text) + 1
+            if size > _STATEMENT_BYTES:
+                conn.exec_driver_sql(prefix + ",".join(parts), execution_options=_NO_PARAMS)
+                parts, size = [], 0
+        if parts:
+            conn.exec_driver_sql(prefix + ",".join(parts), execution_options=_NO_PARAMS)
 
     def _lock(self, conn: Connection, ids: list[str]) -> dict[str, int]:
         """Lock the rows of ``ids`` (sorted) and read their versions."""
@@ -227,7 +264,11 @@ class SqlWrites(SqlCommits):
         """Insert new records (see :meth:`SqlCommits._insert_records`); on PostgreSQL in one
         statement, an IntegrityError if a msg_id is taken (the caller's savepoint then
         undoes the others, as a failed multi-row INSERT would have)."""
-        if self.options.family != "postgresql":
+        family = self.options.family
+        if family == "mysql" and len(recs) > 1:
+            self._my_insert(conn, recs, keep)
+            return
+        if family != "postgresql":
             super()._insert_records(conn, recs, keep)
             return
         got = self._pg_insert(conn, recs, keep)
@@ -237,6 +278,45 @@ class SqlWrites(SqlCommits):
             raise sa.exc.IntegrityError("INSERT", None, ValueError(f"msg_id {taken} is taken"))
         for rec in recs:
             rec.seq = got[rec.msg_id]
+
+    def _my_insert(
+        self, conn: Connection, recs: list[MessageRecord], keep: Sequence[Retained | None]
+    ) -> None:
+        """MariaDB: new records by multi-row INSERTs of literals (messages, then their
+        seqs read back, then members), payload copies by the driver."""
+        rows = [tuple(row[c] for c, _ in NEW_COLS) for row in map(_message_row, recs)]
+        self._insert_rows(conn, "message_rows", rows)
+        ids = [rec.msg_id for rec in recs]
+        seqs: dict[str, int] = {}
+        for i in range(0, len(ids), _CHUNK):
+            for mid, seq in conn.execute(self._seqs, {"ids": ids[i : i + _CHUNK]}):
+                seqs[mid] = int(seq)
+        members: list[tuple[Any, ...]] = []
+        for rec in recs:
+            rec.seq = seqs[rec.msg_id]
+            for position, m in enumerate(rec.members.values()):
+                members.append(
+                    (
+                        rec.msg_id,
+                        m.subscriber,
+                        position,
+                        rec.queue,
+                        rec.seq,
+                        -rec.priority,
+                        m.pool,
+                        m.state,
+                        m.outcome,
+                        m.attempt,
+                        m.lease_token,
+                        m.lease_owner,
+                        m.lease_until,
+                        m.not_before,
+                        m.reason,
+                        m.updated_at,
+                    )
+                )
+        self._insert_rows(conn, "member_rows", members)
+        self._insert_payloads(conn, recs, keep)
 
     def _insert_absent_records(
         self,

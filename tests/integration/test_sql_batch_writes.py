@@ -287,3 +287,49 @@ def test_a_deadlock_is_tried_again_and_nothing_is_written_twice(server_url: str)
         assert all(store.load(r.msg_id).version == 2 for r in records)
     finally:
         store.close()
+
+
+def test_odd_text_round_trips_through_the_batch_statements(store: SqlStore) -> None:
+    """Quotes, backslashes, percent signs, NUL-free control characters and non-ASCII text
+    in every kind of column a batch writes (on MariaDB the rows travel as literals)."""
+    odd = 'o\'brien \\ "q" %s 100% é ☃ \n\t;--'
+    items: list[engine_batch.NewItem] = [
+        (new_id(), f"pub{odd}", f"key{odd}", f"corr{i}{odd}", 3, (), None, f"text/{odd}", 1)
+        for i in range(3)
+    ]
+    records, journal = engine_batch.create("q", Audience((f"sub{odd}",)), T0, items)
+    kept = [Retained(odd.encode(), {"h": odd}) for _ in records]
+    writes = Writes("q", created=records, retain=kept, journal=journal)
+    assert store.commit_writes(writes) == [True] * 3
+    loaded = store.load_many([r.msg_id for r in records])
+    withdraw = engine.withdraw(loaded[records[2].msg_id], T0 + SEC, f"why {odd}")
+    moved, journal, _ = engine_batch.claim(
+        [loaded[r.msg_id] for r in records[:2]],
+        f"sub{odd}",
+        T0 + SEC,
+        [f"tok{odd}", "t2"],
+        owner=f"owner {odd}",
+        lease_until=None,
+    )
+    assert (
+        store.commit_writes(Writes("q", moved=moved, journal=journal, changes=[withdraw]))
+        == [True] * 3
+    )
+    store.commit_many([engine.withdraw(store.load(records[1].msg_id), T0 + 2 * SEC, odd)])
+    store.set_native_refs([(r.msg_id, f"ref{odd}{i}") for i, r in enumerate(records)])
+    got = store.load(records[0].msg_id)
+    assert (got.publisher, got.ordering_key, got.content_type) == (
+        f"pub{odd}",
+        f"key{odd}",
+        f"text/{odd}",
+    )
+    assert got.correlation_id == f"corr0{odd}"
+    assert got.native_ref == f"ref{odd}0"
+    member = got.members[f"sub{odd}"]
+    assert (member.lease_token, member.lease_owner) == (f"tok{odd}", f"owner {odd}")
+    assert store.history(records[0].msg_id)[3].detail == f"by owner {odd}"
+    assert store.history(records[1].msg_id)[-1].detail == odd
+    assert any(e.detail == f"why {odd}" for e in store.history(records[2].msg_id))
+    assert store.retained([records[0].msg_id])[records[0].msg_id] == Retained(
+        odd.encode(), {"h": odd}
+    )
