@@ -388,18 +388,27 @@ class SqlWrites(SqlCommits):
     # --- native refs ---------------------------------------------------------------------------
 
     def set_native_refs(self, refs: Sequence[tuple[str, str]]) -> None:
-        """Record where several payloads live, in one transaction and one statement
-        (``UPDATE ... FROM unnest`` on PostgreSQL, ``UPDATE ... JOIN JSON_TABLE`` on
-        MariaDB); unknown ids are skipped."""
+        """Record where several payloads live, in one transaction: the rows locked in
+        msg_id order as a batch commit locks them (a claim of the same messages meanwhile
+        waits, it cannot deadlock with this), then one ``UPDATE ... FROM`` (PostgreSQL) or
+        ``UPDATE ... JOIN JSON_TABLE`` (MariaDB); unknown ids are skipped. A transaction
+        the database rolls back anyway is tried again, twice at most."""
         sql = self._sql().get("refs")
         if sql is None or len(refs) < 2:
             super().set_native_refs(refs)
             return
-        try:
-            with self._writing(savepoint=True) as conn:
-                conn.execute(sql, {"doc": encode(list(refs))})
-        except sa.exc.SQLAlchemyError as exc:
-            raise self._unavailable(exc) from None
+        ids = sorted({m for m, _ in refs})
+        for _ in range(_EACH_ATTEMPTS):
+            try:
+                with self._writing(savepoint=True) as conn:
+                    self._lock(conn, ids)
+                    conn.execute(sql, {"doc": encode(list(refs))})
+                    return
+            except sa.exc.SQLAlchemyError as exc:
+                err = self._translate(exc, ids[0])
+                if not isinstance(err, StaleRecord):  # not worth a retry, or not ours
+                    raise err from None
+        raise ConcurrentUpdate(ids[0], _EACH_ATTEMPTS)
 
     # --- moved ---------------------------------------------------------------------------------
 

@@ -383,3 +383,61 @@ def test_batch_traffic_exports_one_row_per_transition_and_audits_clean(
     )
     assert [(f.finding, f.count) for f in found.findings if f.count] == [("stuck", 1)]
     assert [r["msg_id"] for r in found.rows["stuck"]] == [held.msg_id]
+
+
+def _refs_and_claims_at_once(stores: list[SqlStore], round_: int) -> None:
+    records = _create(stores[0], 150)
+    ids = [r.msg_id for r in records]
+    barrier = threading.Barrier(len(stores))
+    errors: list[BaseException] = []
+    won: list[str] = []
+
+    def refs(n: int) -> None:
+        try:
+            order = ids if n % 2 else ids[::-1]
+            barrier.wait(10)
+            stores[n].set_native_refs([(m, f"r{round_}:{m}") for m in order])
+        except BaseException as exc:  # surfaced by the main thread
+            errors.append(exc)
+
+    def claim(n: int) -> None:
+        try:
+            loaded = stores[n].load_many(ids)
+            order = ids if n % 2 else ids[::-1]
+            moved, journal, _ = engine_batch.claim(
+                [loaded[i] for i in order],
+                "a",
+                T0 + SEC,
+                [f"t{n}"] * len(order),
+                owner=f"w{n}",
+                lease_until=None,
+            )
+            barrier.wait(10)
+            flags = stores[n].commit_writes(Writes("q", moved=moved, journal=journal))
+            won.extend(a.msg_id for (_, a), ok in zip(moved, flags, strict=True) if ok)
+        except BaseException as exc:  # surfaced by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=refs if n < 2 else claim, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert sorted(won) == sorted(ids)
+    loaded = stores[0].load_many(ids)
+    assert all(loaded[m].native_ref == f"r{round_}:{m}" for m in ids)
+
+
+def test_native_refs_and_claims_of_the_same_messages_at_once_do_not_deadlock(
+    server_url: str,
+) -> None:
+    """set_native_refs locks its rows in the order a batch commit does: run both, over
+    the same messages listed in opposite orders, many times; neither fails."""
+    stores = [SqlStore.from_url(server_url) for _ in range(4)]
+    try:
+        for round_ in range(5):
+            _refs_and_claims_at_once(stores, round_)
+    finally:
+        for s in stores:
+            s.close()
