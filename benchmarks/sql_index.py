@@ -52,8 +52,12 @@ class Before(SqlStore):
     set_native_refs = SqlCommits.set_native_refs
 
 
-def run(db: str, n: int, size: int, *, native: bool, tmp: Path) -> float:
-    """Messages per second through put_many/get_many/batch.done on a fresh index."""
+Rates = tuple[float, float, float]  # whole life, put_many, get_many + batch.done
+
+
+def run(db: str, n: int, size: int, *, native: bool, tmp: Path) -> Rates:
+    """Messages per second through put_many/get_many/batch.done on a fresh index: the
+    whole life, the puts alone, the gets and settlements alone."""
     prefix = f"b{uuid.uuid4().hex[:8]}_"
     store = (SqlStore if native else Before).from_url(f"{SERVERS[db]}?prefix={prefix}")
     try:
@@ -64,19 +68,20 @@ def run(db: str, n: int, size: int, *, native: bool, tmp: Path) -> float:
             start = time.perf_counter()
             for first in range(0, n, size):
                 queue.put_many([BODY] * min(size, n - first))
+            put = time.perf_counter()
             taken = 0
             while taken < n:
                 batch = queue.get_many("s1", size)
                 assert batch
                 batch.done()
                 taken += len(batch)
-            elapsed = time.perf_counter() - start
+            end = time.perf_counter()
             assert queue.get("s1") is None
             assert len(store.history(batch[0].msg_id)) == 8  # PUT .. JOURNALLED, one each
     finally:
         _drop(store)
         store.close()
-    return n / elapsed
+    return n / (end - start), n / (put - start), n / (end - put)
 
 
 def _drop(store: SqlStore) -> None:
@@ -84,15 +89,20 @@ def _drop(store: SqlStore) -> None:
         store.tables.metadata.drop_all(conn)
 
 
-def measure(db: str, n: int, size: int, rounds: int) -> tuple[float, float]:
-    """Median rates (before, after) over alternating rounds."""
-    before: list[float] = []
-    after: list[float] = []
+def measure(db: str, n: int, size: int, rounds: int) -> tuple[Rates, Rates]:
+    """Median rates (before, after) over alternating rounds, each figure on its own."""
+    before: list[Rates] = []
+    after: list[Rates] = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(rounds):
             before.append(run(db, n, size, native=False, tmp=Path(tmp)))
             after.append(run(db, n, size, native=True, tmp=Path(tmp)))
-    return statistics.median(before), statistics.median(after)
+
+    def med(rates: list[Rates]) -> Rates:
+        life, put, get = (statistics.median(r[k] for r in rates) for k in range(3))
+        return life, put, get
+
+    return med(before), med(after)
 
 
 def main() -> None:
@@ -112,11 +122,14 @@ def main() -> None:
     ratio = 0.0
     for db in dbs:
         before, after = measure(db, n, args.batch, args.rounds)
-        ratio = after / before
-        print(f"{db}")
-        print(f"  before (commit_each of changes)   : {before:8.0f} msg/s")
-        print(f"  after  (native commit_writes)     : {after:8.0f} msg/s")
-        print(f"  after/before                      : {ratio:8.2f}")
+        ratio = after[0] / before[0]
+        print(f"{db}  (msg/s: whole life | put_many | get_many+batch.done)")
+        for label, r in (("before (commit_each of changes)", before), ("after (native)", after)):
+            print(f"  {label:32}: {r[0]:7.0f} | {r[1]:7.0f} | {r[2]:7.0f}")
+        print(
+            f"  after/before{'':20}: {ratio:7.2f} | {after[1] / before[1]:7.2f} | "
+            f"{after[2] / before[2]:7.2f}"
+        )
     print(f"ratio={ratio:.2f}")
 
 
