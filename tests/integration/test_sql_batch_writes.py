@@ -298,7 +298,7 @@ def test_odd_text_round_trips_through_the_batch_statements(store: SqlStore) -> N
     in every kind of column a batch writes (on MariaDB the rows travel as literals)."""
     odd = 'o\'brien \\ "q" %s 100% é ☃ \n\t;--'
     items: list[engine_batch.NewItem] = [
-        (new_id(), f"pub{odd}", f"key{odd}", f"corr{i}{odd}", 3, (), None, f"text/{odd}", 1)
+        (new_id(), f"pub{odd}", f"key{odd}", f"corr{i}{odd}", 3, (f"p{odd}",), None, "t/x", 1)
         for i in range(3)
     ]
     records, journal = engine_batch.create("q", Audience((f"sub{odd}",)), T0, items)
@@ -322,10 +322,10 @@ def test_odd_text_round_trips_through_the_batch_statements(store: SqlStore) -> N
     store.commit_many([engine.withdraw(store.load(records[1].msg_id), T0 + 2 * SEC, odd)])
     store.set_native_refs([(r.msg_id, f"ref{odd}{i}") for i, r in enumerate(records)])
     got = store.load(records[0].msg_id)
-    assert (got.publisher, got.ordering_key, got.content_type) == (
+    assert (got.publisher, got.ordering_key, got.parents) == (
         f"pub{odd}",
         f"key{odd}",
-        f"text/{odd}",
+        (f"p{odd}",),
     )
     assert got.correlation_id == f"corr0{odd}"
     assert got.native_ref == f"ref{odd}0"
