@@ -173,6 +173,19 @@ def _journal(family: str) -> str:
     )
 
 
+def _journal_of(family: str, written: str) -> str:
+    """The templated journal of the rows a data-modifying CTE ``written`` returned (by
+    msg_id): PostgreSQL writes a batch's rows and their journal in one statement."""
+    return (
+        f"INSERT INTO {{jr}} ({_JOURNAL_COLS})"
+        " SELECT i.msg_id, :queue, s.actor, s.actor_kind, s.src, s.dst, s.at,"
+        " CASE WHEN s.pub THEN 1 ELSE i.attempt END, s.detail"
+        f" FROM {_rows(family, 'items', ITEM_COLS)} i"
+        f" JOIN {written} ON {written}.msg_id = i.msg_id"
+        f" JOIN {_rows(family, 'steps', STEP_COLS)} s ON s.g = i.g ORDER BY i.o, s.o"
+    )
+
+
 def _entries(family: str) -> str:
     return (
         f"INSERT INTO {{jr}} ({_JOURNAL_COLS}) SELECT {_names(ENTRY_COLS, 'e.')}"
@@ -192,8 +205,8 @@ def _postgresql() -> dict[str, str]:
             "SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))))"
             " ORDER BY msg_id FOR UPDATE"
         ),
-        # Messages, then their members and payload copies joined to what was inserted:
-        # a taken msg_id (ON CONFLICT) writes nothing at all.
+        # Messages, then their members, payload copies and journal joined to what was
+        # inserted: a taken msg_id (ON CONFLICT) writes nothing at all.
         "create": (
             f"WITH v AS ({_rows(fam, 'doc', NEW_COLS)[1:-1]}),"
             f" ins AS (INSERT INTO {{msg}} ({_names(NEW_COLS)}) SELECT {_names(NEW_COLS)}"
@@ -209,20 +222,23 @@ def _postgresql() -> dict[str, str]:
             " pl AS (INSERT INTO {pl} (msg_id, body, headers)"
             " SELECT p.msg_id, p.body, p.headers FROM unnest(CAST(:p_id AS VARCHAR[]),"
             " CAST(:p_body AS BYTEA[]), CAST(:p_headers AS TEXT[])) AS p(msg_id, body, headers)"
-            " JOIN ins ON ins.msg_id = p.msg_id)"
+            " JOIN ins ON ins.msg_id = p.msg_id),"
+            f" j AS ({_journal_of(fam, 'ins')})"
             " SELECT msg_id, seq FROM ins"
         ),
-        # Message and member rows in one statement; the version compared again. The
-        # msg_id = ANY(...) lets the planner reach the rows by index.
+        # Message and member rows, and the journal of the moved, in one statement; the
+        # version compared again. The msg_id = ANY(...) lets the planner reach the rows
+        # by index.
         "move": (
             f"WITH v AS MATERIALIZED ({_rows(fam, 'doc', MOVE_COLS)[1:-1]}),"
             f" m AS (UPDATE {{msg}} t SET {moved} FROM v"
             " WHERE t.msg_id = ANY(ARRAY(SELECT msg_id FROM v)) AND t.msg_id = v.msg_id"
-            " AND t.version = v.expected RETURNING 1),"
+            " AND t.version = v.expected RETURNING t.msg_id),"
             f" w AS MATERIALIZED ({_rows(fam, 'members', MOVED_MEMBER_COLS)[1:-1]}),"
             f" u AS (UPDATE {{mem}} t SET {members} FROM w"
             " WHERE t.msg_id = ANY(ARRAY(SELECT msg_id FROM w)) AND t.msg_id = w.msg_id"
-            " AND t.subscriber = w.subscriber)"
+            " AND t.subscriber = w.subscriber),"
+            f" j AS ({_journal_of(fam, 'm')})"
             " SELECT count(*) FROM m"
         ),
         "journal": _journal(fam),

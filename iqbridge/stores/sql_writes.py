@@ -65,6 +65,8 @@ _PUBLISHER = ActorKind.PUBLISHER
 #: Text of one multi-row INSERT at most, about (MariaDB's max_allowed_packet is 16 MiB).
 _STATEMENT_BYTES = 1 << 20
 _NO_PARAMS: Any = {"no_parameters": True}
+#: No journal in a statement that can carry one.
+_NO_JOURNAL: dict[str, Any] = {"items": "[]", "steps": "[]", "queue": ""}
 
 Moved = list[tuple[MessageRecord, MessageRecord]]
 
@@ -126,13 +128,17 @@ class SqlWrites(SqlCommits):
             if held:
                 stored[before.msg_id] = -1  # a second move of it in the batch fails
             moved.append(held)
+        # PostgreSQL writes the journal in the statement of the rows, when there is one.
+        fold = self.options.family == "postgresql" and not (writes.created and writes.moved)
         if any(created):
-            created = self._create(conn, writes, created)
+            picked = {r.msg_id for r, f in zip(writes.created, created, strict=True) if f}
+            created = self._create(conn, writes, created, _journal(writes, picked, fold))
         if any(moved):
-            self._move(conn, [m for m, ok in zip(writes.moved, moved, strict=True) if ok])
+            holding = [m for m, ok in zip(writes.moved, moved, strict=True) if ok]
+            self._move(conn, holding, _journal(writes, {a.msg_id for _, a in holding}, fold))
         ok = {r.msg_id for r, f in zip(writes.created, created, strict=True) if f}
         ok.update(a.msg_id for (_, a), f in zip(writes.moved, moved, strict=True) if f)
-        if ok and writes.journal:
+        if ok and writes.journal and not fold:
             self._journal_batch(conn, writes, ok)
         rest = self._commit_each(conn, writes.changes) if writes.changes else []
         return created + moved + rest
@@ -210,7 +216,9 @@ class SqlWrites(SqlCommits):
 
     # --- created -------------------------------------------------------------------------------
 
-    def _create(self, conn: Connection, writes: Writes, flags: list[bool]) -> list[bool]:
+    def _create(
+        self, conn: Connection, writes: Writes, flags: list[bool], journal: dict[str, Any]
+    ) -> list[bool]:
         """Insert the created records whose flag holds, with their member rows and payload
         copies; the flags of those inserted (a concurrent put of one, not visible to the
         lock's read, leaves it out)."""
@@ -224,7 +232,7 @@ class SqlWrites(SqlCommits):
             for i in done:
                 inserted[i] = True
             return inserted
-        got = self._pg_insert(conn, [recs[i] for i in pick], [keep[i] for i in pick])
+        got = self._pg_insert(conn, [recs[i] for i in pick], [keep[i] for i in pick], journal)
         out: list[bool] = []
         for rec, f in zip(recs, flags, strict=True):
             seq = got.pop(rec.msg_id, None) if f else None
@@ -234,10 +242,15 @@ class SqlWrites(SqlCommits):
         return out
 
     def _pg_insert(
-        self, conn: Connection, recs: Sequence[MessageRecord], keep: Sequence[Retained | None]
+        self,
+        conn: Connection,
+        recs: Sequence[MessageRecord],
+        keep: Sequence[Retained | None],
+        journal: dict[str, Any] = _NO_JOURNAL,
     ) -> dict[str, int]:
-        """PostgreSQL: insert new records, their member rows and payload copies in one
-        statement, leaving out those whose msg_id is taken; the seqs of those inserted."""
+        """PostgreSQL: insert new records, their member rows, payload copies and
+        ``journal`` (templates, see :func:`_journal`) in one statement, leaving out those
+        whose msg_id is taken; the seqs of those inserted."""
         rows: list[tuple[Any, ...]] = []
         members: list[tuple[Any, ...]] = []
         pl: dict[str, list[Any]] = {"p_id": [], "p_body": [], "p_headers": []}
@@ -266,7 +279,7 @@ class SqlWrites(SqlCommits):
                 pl["p_id"].append(rec.msg_id)
                 pl["p_body"].append(bytes(kept.body))
                 pl["p_headers"].append(encode(dict(kept.headers)))
-        params = {"doc": encode(rows), "members": encode(members), **pl}
+        params = {"doc": encode(rows), "members": encode(members), **pl, **journal}
         return {mid: int(seq) for mid, seq in conn.execute(self._sql()["create"], params)}
 
     def _insert_records(
@@ -412,9 +425,10 @@ class SqlWrites(SqlCommits):
 
     # --- moved ---------------------------------------------------------------------------------
 
-    def _move(self, conn: Connection, moved: Moved) -> None:
+    def _move(self, conn: Connection, moved: Moved, journal: dict[str, Any]) -> None:
         """Update the message rows of the moves that hold (compare-and-set on the version
-        moved from) and the member rows they changed."""
+        moved from) and the member rows they changed; on PostgreSQL with ``journal``
+        (templates, see :func:`_journal`) in the same statement."""
         family = self.options.family
         msg_rows = [
             (
@@ -450,7 +464,7 @@ class SqlWrites(SqlCommits):
             if m is not b.members.get(name)
         ]
         if family == "postgresql":
-            params = {"doc": encode(msg_rows), "members": encode(mem_rows)}
+            params = {"doc": encode(msg_rows), "members": encode(mem_rows), **journal}
             count = conn.execute(self._sql()["move"], params).scalar()
             if count != len(moved):
                 raise StaleRecord(moved[0][1].msg_id)
@@ -507,21 +521,30 @@ class SqlWrites(SqlCommits):
             if rows:
                 conn.execute(self.tables.journal.insert(), rows)
             return
-        items: list[tuple[int, str, int]] = []
-        steps: list[tuple[Any, ...]] = []
-        for g, group in enumerate(writes.journal):
-            n = len(items)
-            items += [(g, mid, attempt) for mid, attempt in group.items if mid in ok]
-            if len(items) == n:
-                continue
-            steps += [
-                (g, s.actor, s.kind.value, s.src, s.dst, s.detail, group.at, s.kind is _PUBLISHER)
-                for s in group.steps
-            ]
-        if not items or not steps:
-            return
-        params = {"items": encode(items), "steps": encode(steps), "queue": writes.queue}
-        conn.execute(sql, params)
+        params = _journal(writes, ok, True)
+        if params["items"] != "[]":
+            conn.execute(sql, params)
+
+
+def _journal(writes: Writes, ok: set[str], wanted: bool) -> dict[str, Any]:
+    """The parameters of a batch's templated journal (PostgreSQL, MariaDB): each group's
+    messages in ``ok`` (``items``: group, msg_id, attempt) and the steps of the groups
+    that have some (``steps``: group, actor, kind, src, dst, detail, at, publisher's);
+    none unless ``wanted``."""
+    if not wanted:
+        return _NO_JOURNAL
+    items: list[tuple[int, str, int]] = []
+    steps: list[tuple[Any, ...]] = []
+    for g, group in enumerate(writes.journal):
+        n = len(items)
+        items += [(g, mid, attempt) for mid, attempt in group.items if mid in ok]
+        if len(items) == n:
+            continue
+        steps += [
+            (g, s.actor, s.kind.value, s.src, s.dst, s.detail, group.at, s.kind is _PUBLISHER)
+            for s in group.steps
+        ]
+    return {"items": encode(items), "steps": encode(steps), "queue": writes.queue}
 
 
 _CAS_KEYS = (

@@ -273,12 +273,10 @@ def test_a_deadlock_is_tried_again_and_nothing_is_written_twice(server_url: str)
         calls = 0
         real = store._move
 
-        def flaky(
-            conn: sa.engine.Connection, rows: list[tuple[MessageRecord, MessageRecord]]
-        ) -> None:
+        def flaky(conn: sa.engine.Connection, rows: list[Moved], journal: Any) -> None:
             nonlocal calls
             calls += 1
-            real(conn, rows)
+            real(conn, rows, journal)  # written (with its journal on PostgreSQL), then lost
             if calls == 1:
                 orig = type("Deadlock", (Exception,), {"sqlstate": "40P01", "args": (1213,)})()
                 raise sa.exc.OperationalError("UPDATE", None, orig)
