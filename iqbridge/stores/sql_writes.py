@@ -24,9 +24,10 @@ One transaction, a fixed number of statements whatever the batch size:
 3. The journal: one row per message per transition, as every reader expects (history,
    search, the metrics' journal tail and its LateJournal holes, the export, the Spark
    jobs), numbered without gaps. PostgreSQL expands the batch's templates
-   (:class:`~iqbridge.writes.Steps`) itself, by one ``INSERT ... SELECT`` joining each
+   (:class:`~iqbridge.writes.Steps`) itself, by an ``INSERT ... SELECT`` joining each
    group's messages to its steps in the order :meth:`Writes.flat
-   <iqbridge.writes.Writes.flat>` gives them. MariaDB gets the expanded rows as one
+   <iqbridge.writes.Writes.flat>` gives them, inside the statement of the rows (joined
+   to what it inserted or updated): a batch transition is the lock and one statement. MariaDB gets the expanded rows as one
    multi-row ``INSERT ... VALUES``: InnoDB numbers an ``INSERT ... SELECT`` in chunks
    and drops the unused numbers, gaps a reader would wait out as commits to come.
 
