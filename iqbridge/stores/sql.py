@@ -24,6 +24,10 @@ transaction. A new message is an ``INSERT`` (an existing msg_id means StaleRecor
 its retained payload copy, if any, in ``payloads``. :meth:`SqlStore.commit_each` (the
 batch path) locks the batch's message rows with one ``SELECT ... FOR UPDATE``, compares
 the versions there, and writes only the changes that still hold.
+:meth:`SqlStore.commit_writes` (a batch's writes with its journal as templates, see
+:mod:`iqbridge.stores.sql_writes`) locks the same way and then writes each table with one
+statement per batch, the rows as one JSON parameter (PostgreSQL, MariaDB), and expands
+the journal templates to one row per message per transition in the database.
 :meth:`SqlStore.atomic` opens a real transaction on a connection of the calling thread;
 nested calls join it.
 
@@ -40,8 +44,9 @@ empty ordering key). Here it runs against the fake python-oracledb
 
 The store is :class:`SqlStore`, composed of its parts: engines, statements, connections
 and transactions (:mod:`iqbridge.stores.sql_base`), the write path
-(:mod:`iqbridge.stores.sql_commit`), the reads (:mod:`iqbridge.stores.sql_reads`) and
-the row conversions (:mod:`iqbridge.stores.sql_rows`).
+(:mod:`iqbridge.stores.sql_commit`, and for batches :mod:`iqbridge.stores.sql_writes`
+with the statements of :mod:`iqbridge.stores.sql_statements`), the reads
+(:mod:`iqbridge.stores.sql_reads`) and the row conversions (:mod:`iqbridge.stores.sql_rows`).
 """
 
 from __future__ import annotations
@@ -53,19 +58,19 @@ import sqlalchemy as sa
 from iqbridge.errors import ConcurrentUpdate
 from iqbridge.model import Subscriptions
 from iqbridge.states import PublisherState
-from iqbridge.stores.base import AvailableQueries, BatchWrites, PurgedMessage
+from iqbridge.stores.base import AvailableQueries, PurgedMessage
 from iqbridge.stores.codec import subscriptions_from_json, subscriptions_to_json
-from iqbridge.stores.sql_commit import SqlCommits
 from iqbridge.stores.sql_reads import SqlReads
 from iqbridge.stores.sql_rows import _CHUNK
 from iqbridge.stores.sql_schema import parse_sql_url
+from iqbridge.stores.sql_writes import SqlWrites
 
 __all__ = ["SqlStore"]
 
 _JOURNALLED = PublisherState.JOURNALLED.value
 
 
-class SqlStore(SqlCommits, SqlReads, AvailableQueries, BatchWrites):
+class SqlStore(SqlWrites, SqlReads, AvailableQueries):
     """The index in a SQL database (see the module docstring)."""
 
     #: Gaps in the journal's sequence may fill for this long (LateJournal): sequence

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 
 from iqbridge.engine import Change
 from iqbridge.errors import ConcurrentUpdate
+from iqbridge.model import MessageRecord, Retained
 from iqbridge.stores.base import StaleRecord
 from iqbridge.stores.codec import encode
 from iqbridge.stores.sql_base import SqlStoreBase
@@ -165,25 +166,31 @@ class SqlCommits(SqlStoreBase):
             conn.execute(self.tables.journal.insert(), journal)
 
     def _insert(self, conn: Connection, creates: list[Change]) -> None:
-        rows = [_message_row(c.record) for c in creates]
+        self._insert_records(conn, [c.record for c in creates], [c.retain for c in creates])
+
+    def _insert_records(
+        self, conn: Connection, recs: list[MessageRecord], keep: Sequence[Retained | None]
+    ) -> None:
+        """Insert new records (assigning their seq), their member rows and the retained
+        payload copies of ``keep`` (one per record, or None)."""
+        rows = [_message_row(rec) for rec in recs]
         msg = self.tables.messages
         if len(rows) == 1:
             result = conn.execute(msg.insert(), rows[0])
             key = result.inserted_primary_key
-            creates[0].record.seq = int(key[0]) if key is not None else None
+            recs[0].seq = int(key[0]) if key is not None else None
         else:
             conn.execute(msg.insert(), rows)
-        if any(c.record.seq is None for c in creates) or len(rows) > 1:
+        if any(rec.seq is None for rec in recs) or len(rows) > 1:
             seqs: dict[str, int] = {}
-            ids = [c.msg_id for c in creates]
+            ids = [rec.msg_id for rec in recs]
             for i in range(0, len(ids), _CHUNK):
                 for mid, seq in conn.execute(self._seqs, {"ids": ids[i : i + _CHUNK]}):
                     seqs[mid] = int(seq)
-            for c in creates:
-                c.record.seq = seqs[c.msg_id]
+            for rec in recs:
+                rec.seq = seqs[rec.msg_id]
         members: list[dict[str, Any]] = []
-        for c in creates:
-            rec = c.record
+        for rec in recs:
             for position, m in enumerate(rec.members.values()):
                 members.append(
                     {
@@ -206,14 +213,19 @@ class SqlCommits(SqlStoreBase):
                     }
                 )
         conn.execute(self.tables.members.insert(), members)
+        self._insert_payloads(conn, recs, keep)
+
+    def _insert_payloads(
+        self, conn: Connection, recs: list[MessageRecord], keep: Sequence[Retained | None]
+    ) -> None:
         payloads = [
             {
-                "msg_id": c.msg_id,
-                "body": bytes(c.retain.body),
-                "headers": encode(dict(c.retain.headers)),
+                "msg_id": rec.msg_id,
+                "body": bytes(kept.body),
+                "headers": encode(dict(kept.headers)),
             }
-            for c in creates
-            if c.retain is not None
+            for rec, kept in zip(recs, keep, strict=True)
+            if kept is not None
         ]
         if payloads:
             conn.execute(self.tables.payloads.insert(), payloads)
