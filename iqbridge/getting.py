@@ -19,6 +19,7 @@ from iqbridge.housekeeping import Housekeeping
 from iqbridge.ids import adopted_id, new_token
 from iqbridge.model import Audience, MessageRecord, Received, Retained, check_name
 from iqbridge.observability import tracing
+from iqbridge.putting import SEND_FIRST_WINDOW
 from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH
 from iqbridge.redaction import get_logger
 from iqbridge.settling import Settling
@@ -27,6 +28,11 @@ from iqbridge.stores.base import StaleRecord
 from iqbridge.writes import Steps, Writes
 
 _RECEIVE_SKIPS = 100
+#: An entry without its record, put by a put that sends first (see
+#: Capabilities.index_after_send): given back at once for this long after its put began,
+#: then left pending; acknowledged as purged only past the put's window, twice over.
+_RETRY_SOON_US = 5_000_000
+_IN_FLIGHT_US = int(2 * SEND_FIRST_WINDOW * 1_000_000)
 
 __all__ = ["Getting"]
 
@@ -459,6 +465,7 @@ class Getting(Settling, Housekeeping):
         acks: dict[str, list[str]] = {}
         pending: dict[str, list[str]] = {}
         fenced = self._fenced is not None
+        after_send = self._adapter.capabilities.index_after_send
         #: (group, ordering key) of deliveries left pending: a later one of the same key
         #: in this batch is given back, not claimed (a fencing adapter keeps key order).
         held_keys: set[tuple[str, str]] = set()
@@ -469,6 +476,17 @@ class Getting(Settling, Housekeeping):
             group = received.group
             rec = hints.get(i) or loaded.get(env.msg_id)
             if rec is None:
+                if not received.adopted and after_send and now - env.put_at < _IN_FLIGHT_US:
+                    # A put that sends first has not committed its record yet: given back
+                    # at once while it is young, then left pending (handed out again when
+                    # idle); acknowledged below as purged only once it is old.
+                    if now - env.put_at < _RETRY_SOON_US:
+                        self._adapter.requeue(self.name, group, received.native_ref)
+                    else:
+                        pending.setdefault(group, []).append(received.native_ref)
+                    if env.ordering_key:
+                        held_keys.add((group, env.ordering_key))
+                    continue
                 if not received.adopted:
                     log.warning(
                         "queue %s: broker entry %s has no index record (purged?); acked",
