@@ -425,14 +425,18 @@ class Getting(Settling, Housekeeping):
         for _ in range(CAS_ATTEMPTS):
             now = self._now()
             until = now + lease_us if lease_us is not None else None
-            claims, again = self._plan(pending, subscriber, now, owner, until)
-            flags = self._store.commit_each([c for _, c, _ in claims]) if claims else []
+            claims, writes, again = self._plan(pending, subscriber, now, owner, until)
+            flags = self._store.commit_writes(writes) if claims else []
+            # commit_writes answers for the moves first, then the one-by-one changes.
+            ok = {a.msg_id for (_, a), f in zip(writes.moved, flags, strict=False) if f}
+            rest = flags[len(writes.moved) :]
+            ok.update(c.msg_id for c, f in zip(writes.changes, rest, strict=True) if f)
             refs: list[tuple[str, str]] = []
-            for (received, change, token), ok in zip(claims, flags, strict=True):
-                if not ok:
+            for received, rec, token in claims:
+                if rec.msg_id not in ok:
                     again.append(received)
                     continue
-                out.append(self._delivered(received, change, token, subscriber, refs))
+                out.append(self._delivered(received, rec, token, subscriber, refs))
             if refs:
                 self._store.set_native_refs(refs)
             if not again:
@@ -447,9 +451,11 @@ class Getting(Settling, Housekeeping):
         now: int,
         owner: str,
         lease_until: int | None,
-    ) -> tuple[list[tuple[Received, Change, str]], list[Received]]:
+    ) -> tuple[list[tuple[Received, MessageRecord, str]], Writes, list[Received]]:
         """Decide what each broker delivery is for this subscriber: a claim (returned with
-        its token), an acknowledgement (sent here: not addressed to the group, finished
+        its record as claimed and its token, in the batch's order, and the writes that
+        make the claims: the common path in one pass of the batch engine, the others one
+        at a time), an acknowledgement (sent here: not addressed to the group, finished
         already, purged), nothing (held by someone else: it stays pending), or a decision
         to make again on a fresh read (returned apart)."""
         store = self._store
@@ -469,7 +475,8 @@ class Getting(Settling, Housekeeping):
         #: (group, ordering key) of deliveries left pending: a later one of the same key
         #: in this batch is given back, not claimed (a fencing adapter keeps key order).
         held_keys: set[tuple[str, str]] = set()
-        claims: list[tuple[Received, Change, str]] = []
+        #: (position in the batch, delivery, record) of the members AVAILABLE to claim.
+        cands: list[tuple[int, Received, MessageRecord]] = []
         again: list[Received] = []
         for i, received in enumerate(batch):
             env = received.envelope
@@ -515,19 +522,7 @@ class Getting(Settling, Housekeeping):
                 if fenced and (group, env.ordering_key) in held_keys:
                     self._adapter.requeue(self.name, group, received.native_ref)
                     continue
-                token = new_token()
-                try:
-                    change = engine.claim(
-                        rec, subscriber, now, token=token, owner=owner, lease_until=lease_until
-                    )
-                except (IllegalTransition, LockedError):
-                    if i in hints:
-                        # Decided on the record read with the entry, which went stale (say
-                        # the message was withdrawn since): decide again on a fresh read,
-                        # which may acknowledge the entry.
-                        again.append(received)
-                    continue
-                claims.append((received, change, token))
+                cands.append((i, received, rec))
             elif member.state in TERMINAL or member.state is SubscriberState.JOURNALLED:
                 # Once-only: a redelivery of something this subscriber finished is acked,
                 # never processed again.
@@ -543,19 +538,70 @@ class Getting(Settling, Housekeeping):
         if pending and self._fenced is not None:
             for group, refs in pending.items():
                 self._fenced.left_pending(self.name, group, refs)
-        return claims, again
+        claims, writes = self._claims(cands, hints, subscriber, now, owner, lease_until, again)
+        return claims, writes, again
+
+    def _claims(
+        self,
+        cands: Sequence[tuple[int, Received, MessageRecord]],
+        hints: dict[int, MessageRecord],
+        subscriber: str,
+        now: int,
+        owner: str,
+        lease_until: int | None,
+        again: list[Received],
+    ) -> tuple[list[tuple[Received, MessageRecord, str]], Writes]:
+        """GET then FETCHED for ``subscriber`` on each candidate: the common path in one
+        pass of the batch engine, the others (pools, locks, retry delays, ...) one at a
+        time; one the engine refuses is left out (or decided again on a fresh read when it
+        was decided on a record read with the entry, which may have gone stale)."""
+        writes = Writes(self.name)
+        if not cands:
+            return [], writes
+        tokens = [new_token() for _ in cands]
+        moved, steps, off = engine_batch.claim(
+            [rec for _, _, rec in cands],
+            subscriber,
+            now,
+            tokens,
+            owner=owner,
+            lease_until=lease_until,
+        )
+        writes.moved = moved
+        writes.journal = steps
+        after: dict[int, MessageRecord] = {}
+        skip = set(off)
+        on = (j for j in range(len(cands)) if j not in skip)
+        for j, (_, a) in zip(on, moved, strict=True):
+            after[j] = a
+        for j in off:
+            i, received, rec = cands[j]
+            try:
+                change = engine.claim(
+                    rec, subscriber, now, token=tokens[j], owner=owner, lease_until=lease_until
+                )
+            except (IllegalTransition, LockedError):
+                if i in hints:
+                    # Decided on the record read with the entry, which went stale (say the
+                    # message was withdrawn since): decide again on a fresh read, which may
+                    # acknowledge the entry.
+                    again.append(received)
+                continue
+            writes.changes.append(change)
+            after[j] = change.record
+        claims = [(cands[j][1], after[j], tokens[j]) for j in sorted(after)]
+        return claims, writes
 
     def _delivered(
         self,
         received: Received,
-        change: Change,
+        rec: MessageRecord,
         token: str,
         subscriber: str,
         refs: list[tuple[str, str]],
     ) -> Delivery:
-        """The delivery of a claimed broker entry; ``refs`` collects native references the
-        index still lacks."""
-        rec = change.record
+        """The delivery of a claimed broker entry (``rec``: its record as claimed);
+        ``refs`` collects native references the index still lacks."""
         if rec.native_ref is None:
             # The putter has not recorded it yet (or died first): the delivery's record
             # must know it too, or its done() would have no entry to acknowledge.
