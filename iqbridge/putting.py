@@ -512,7 +512,7 @@ class Putting(Subscribing):
         acknowledges an entry without its record once it is old enough)."""
         try:
             self._store.commit_writes(writes)
-        except IQError:
+        except (IQError, StaleRecord):
             log.exception("queue %s: a failed put could not be recorded as withdrawn", self.name)
             return
         now = self._now()
