@@ -8,7 +8,11 @@ Native mapping (see docs/adapters/kafka.md):
   partitions); a new group starts at the earliest offset, so it sees earlier records;
 * a put is one record per message, produced by an idempotent producer (``acks=all``)
   and waited for (delivery reports); the ordering key is the record key, so a key stays
-  in one partition and in order; the native reference is ``<partition>:<offset>``;
+  in one partition and in order; the native reference is ``<partition>:<offset>``; a
+  plain put produces first and then commits the index records with their references in
+  one commit (``Capabilities.index_after_send``: a get that reads a record before its
+  index record exists gives it back, a put in flight); an idempotent put (with msg_ids)
+  commits its records first, as its repeat needs them;
 * a group's consumer reads records ahead into this process; records addressed to other
   groups are settled as they pass. DONE, UNUSABLE (the record is copied to the topic
   ``<prefix><queue>.iq-dead`` with the reason) and EXPIRED settle a record; a partition's
@@ -171,6 +175,9 @@ class KafkaAdapter:
             # One consumer per partition at a time: the facade never claims records
             # another process read ahead (each key keeps its order).
             single_active_groups=True,
+            # A put produces first, then commits its records with their references in
+            # one index commit; a record read before its record exists is given back.
+            index_after_send=True,
         )
         self._lock = threading.RLock()
         self._producer: Producer | None = None

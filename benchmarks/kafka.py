@@ -14,11 +14,12 @@ is fetching). The clock then starts at the first put of the N messages.
 
 * iqbridge batch (the ratio's numerator): ``hub = iqbridge.connect(kafka://...,
   index=sqlite:///<file in a temporary directory>)``, ``queue.subscribe("s")``, then
-  ``queue.put_many`` in chunks of ``--batch`` (one index commit, the chunk produced and
-  its delivery reports awaited), then ``queue.get_many("s", --batch)`` and
-  ``batch.done()`` (one index commit; the adapter commits the group's offset on its
-  consumer thread). Full state tracking in the SQLite index (``synchronous=full``), the
-  adapter's defaults unchanged (idempotent producer, ``acks=all``, ``linger.ms=1``).
+  ``queue.put_many`` in chunks of ``--batch`` (the chunk produced and its delivery
+  reports awaited, then one index commit of the records with their references), then
+  ``queue.get_many("s", --batch)`` (one index commit of the claims) and ``batch.done()``
+  (one index commit; the adapter commits the group's offset on its consumer thread).
+  Full state tracking in the SQLite index (``synchronous=full``), the adapter's
+  defaults unchanged (idempotent producer, ``acks=all``, ``linger.ms=1``).
 * raw confluent-kafka batch (the ratio's denominator): a ``Producer`` with the adapter's
   producer settings (``enable.idempotence=true``, ``acks=all``, ``linger.ms=1``):
   ``produce(..., on_delivery=...)`` for a chunk of ``--batch`` records, then ``flush()``

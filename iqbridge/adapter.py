@@ -68,6 +68,13 @@ class Capabilities:
     #: consumer holds read ahead, so a pool's messages (a partition's, on Kafka) are
     #: handled by one process at a time, each key in put order.
     single_active_groups: bool = False
+    #: A put sends first and then records its messages, native references included, in
+    #: one index commit once the broker confirmed them (not the record first and the
+    #: references in a second commit). Its entries carry their msg_id, so a get that
+    #: reads one before its record exists gives it back: a put in flight (see
+    #: :data:`iqbridge.putting.SEND_FIRST_WINDOW`). Needs native groups whose entries can
+    #: be handed out again at once (``requeue``) and left pending, key fenced (Kafka).
+    index_after_send: bool = False
 
     @property
     def forgets(self) -> bool:

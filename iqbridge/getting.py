@@ -19,6 +19,7 @@ from iqbridge.housekeeping import Housekeeping
 from iqbridge.ids import adopted_id, new_token
 from iqbridge.model import Audience, MessageRecord, Received, Retained, check_name
 from iqbridge.observability import tracing
+from iqbridge.putting import SEND_FIRST_WINDOW
 from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH
 from iqbridge.redaction import get_logger
 from iqbridge.settling import Settling
@@ -27,12 +28,14 @@ from iqbridge.stores.base import StaleRecord
 from iqbridge.writes import Steps, Writes
 
 _RECEIVE_SKIPS = 100
+#: An entry without its record, put by a put that sends first (see
+#: Capabilities.index_after_send): given back at once for this long after its put began,
+#: then left pending; acknowledged as purged only past the put's window, twice over.
+_RETRY_SOON_US = 5_000_000
+_IN_FLIGHT_US = int(2 * SEND_FIRST_WINDOW * 1_000_000)
 
 __all__ = ["Getting"]
 
-#: A claim of a broker delivery: the delivery, the claim's token, and either the
-#: common path's (before, after) records or the per-message engine's change.
-_Claim = tuple[Received, str, "tuple[MessageRecord, MessageRecord] | Change"]
 
 log = get_logger("iqbridge")
 
@@ -430,27 +433,17 @@ class Getting(Settling, Housekeeping):
         for _ in range(CAS_ATTEMPTS):
             now = self._now()
             until = now + lease_us if lease_us is not None else None
-            claims, again, journal = self._plan(pending, subscriber, now, owner, until)
-            # The common path's claims in one pass (moved), the others one change each:
-            # one commit for all, each holding where its compare-and-set does.
-            writes = Writes(self.name, journal=journal)
-            order: list[_Claim] = []
-            for claim in claims:
-                if isinstance(claim[2], Change):
-                    writes.changes.append(claim[2])
-                else:
-                    writes.moved.append(claim[2])
-                    order.append(claim)
-            order += [c for c in claims if isinstance(c[2], Change)]
+            claims, writes, again = self._plan(pending, subscriber, now, owner, until)
             flags = self._store.commit_writes(writes) if claims else []
-            held = dict(zip((id(c) for c in order), flags, strict=True))
+            # commit_writes answers for the moves first, then the one-by-one changes.
+            ok = {a.msg_id for (_, a), f in zip(writes.moved, flags, strict=False) if f}
+            rest = flags[len(writes.moved) :]
+            ok.update(c.msg_id for c, f in zip(writes.changes, rest, strict=True) if f)
             refs: list[tuple[str, str]] = []
-            for claim in claims:
-                received, token, made = claim
-                if not held[id(claim)]:
+            for received, rec, token in claims:
+                if rec.msg_id not in ok:
                     again.append(received)
                     continue
-                rec = made.record if isinstance(made, Change) else made[1]
                 out.append(self._delivered(received, rec, token, subscriber, refs))
             if refs:
                 self._store.set_native_refs(refs)
@@ -534,13 +527,13 @@ class Getting(Settling, Housekeeping):
         now: int,
         owner: str,
         lease_until: int | None,
-    ) -> tuple[list[_Claim], list[Received], list[Steps]]:
+    ) -> tuple[list[tuple[Received, MessageRecord, str]], Writes, list[Received]]:
         """Decide what each broker delivery is for this subscriber: a claim (returned with
-        its token, in the order of ``batch``: the common path's as (before, after)
-        records, decided in one pass of the batch engine whose journal comes third, the
-        others as one change each), an acknowledgement (sent here: not addressed to the
-        group, finished already, purged), nothing (held by someone else: it stays
-        pending), or a decision to make again on a fresh read (returned apart)."""
+        its record as claimed and its token, in the batch's order, and the writes that
+        make the claims: the common path in one pass of the batch engine, the others one
+        at a time), an acknowledgement (sent here: not addressed to the group, finished
+        already, purged), nothing (held by someone else: it stays pending), or a decision
+        to make again on a fresh read (returned apart)."""
         store = self._store
         hints: dict[int, MessageRecord] = {}
         unread: list[str] = []
@@ -554,17 +547,29 @@ class Getting(Settling, Housekeeping):
         acks: dict[str, list[str]] = {}
         pending: dict[str, list[str]] = {}
         fenced = self._fenced is not None
+        after_send = self._adapter.capabilities.index_after_send
         #: (group, ordering key) of deliveries left pending: a later one of the same key
         #: in this batch is given back, not claimed (a fencing adapter keeps key order).
         held_keys: set[tuple[str, str]] = set()
-        # (position in batch, the delivery, its record, the claim's token)
-        cands: list[tuple[int, Received, MessageRecord, str]] = []
+        #: (position in the batch, delivery, record) of the members AVAILABLE to claim.
+        cands: list[tuple[int, Received, MessageRecord]] = []
         again: list[Received] = []
         for i, received in enumerate(batch):
             env = received.envelope
             group = received.group
             rec = hints.get(i) or loaded.get(env.msg_id)
             if rec is None:
+                if not received.adopted and after_send and now - env.put_at < _IN_FLIGHT_US:
+                    # A put that sends first has not committed its record yet: given back
+                    # at once while it is young, then left pending (handed out again when
+                    # idle); acknowledged below as purged only once it is old.
+                    if now - env.put_at < _RETRY_SOON_US:
+                        self._adapter.requeue(self.name, group, received.native_ref)
+                    else:
+                        pending.setdefault(group, []).append(received.native_ref)
+                    if env.ordering_key:
+                        held_keys.add((group, env.ordering_key))
+                    continue
                 if not received.adopted:
                     log.warning(
                         "queue %s: broker entry %s has no index record (purged?); acked",
@@ -593,7 +598,7 @@ class Getting(Settling, Housekeeping):
                 if fenced and (group, env.ordering_key) in held_keys:
                     self._adapter.requeue(self.name, group, received.native_ref)
                     continue
-                cands.append((i, received, rec, new_token()))
+                cands.append((i, received, rec))
             elif member.state in TERMINAL or member.state is SubscriberState.JOURNALLED:
                 # Once-only: a redelivery of something this subscriber finished is acked,
                 # never processed again.
@@ -609,34 +614,59 @@ class Getting(Settling, Housekeeping):
         if pending and self._fenced is not None:
             for group, refs in pending.items():
                 self._fenced.left_pending(self.name, group, refs)
-        moved, journal, off = engine_batch.claim(
-            [c[2] for c in cands],
+        claims, writes = self._claims(cands, hints, subscriber, now, owner, lease_until, again)
+        return claims, writes, again
+
+    def _claims(
+        self,
+        cands: Sequence[tuple[int, Received, MessageRecord]],
+        hints: dict[int, MessageRecord],
+        subscriber: str,
+        now: int,
+        owner: str,
+        lease_until: int | None,
+        again: list[Received],
+    ) -> tuple[list[tuple[Received, MessageRecord, str]], Writes]:
+        """GET then FETCHED for ``subscriber`` on each candidate: the common path in one
+        pass of the batch engine, the others (pools, locks, retry delays, ...) one at a
+        time; one the engine refuses is left out (or decided again on a fresh read when it
+        was decided on a record read with the entry, which may have gone stale)."""
+        writes = Writes(self.name)
+        if not cands:
+            return [], writes
+        tokens = [new_token() for _ in cands]
+        moved, steps, off = engine_batch.claim(
+            [rec for _, _, rec in cands],
             subscriber,
             now,
-            [c[3] for c in cands],
+            tokens,
             owner=owner,
             lease_until=lease_until,
         )
+        writes.moved = moved
+        writes.journal = steps
+        after: dict[int, MessageRecord] = {}
         skip = set(off)
-        common = iter(moved)
-        claims: list[_Claim] = []
-        for k, (i, received, rec, token) in enumerate(cands):
-            if k not in skip:
-                claims.append((received, token, next(common)))
-                continue
+        on = (j for j in range(len(cands)) if j not in skip)
+        for j, (_, a) in zip(on, moved, strict=True):
+            after[j] = a
+        for j in off:
+            i, received, rec = cands[j]
             try:
                 change = engine.claim(
-                    rec, subscriber, now, token=token, owner=owner, lease_until=lease_until
+                    rec, subscriber, now, token=tokens[j], owner=owner, lease_until=lease_until
                 )
             except (IllegalTransition, LockedError):
                 if i in hints:
-                    # Decided on the record read with the entry, which went stale (say
-                    # the message was withdrawn since): decide again on a fresh read,
-                    # which may acknowledge the entry.
+                    # Decided on the record read with the entry, which went stale (say the
+                    # message was withdrawn since): decide again on a fresh read, which may
+                    # acknowledge the entry.
                     again.append(received)
                 continue
-            claims.append((received, token, change))
-        return claims, again, journal
+            writes.changes.append(change)
+            after[j] = change.record
+        claims = [(cands[j][1], after[j], tokens[j]) for j in sorted(after)]
+        return claims, writes
 
     def _delivered(
         self,

@@ -12,6 +12,7 @@ from iqbridge import engine, engine_batch
 from iqbridge.durations import to_seconds
 from iqbridge.engine import Change
 from iqbridge.errors import (
+    BrokerUnavailable,
     ConcurrentUpdate,
     InvalidArgument,
     IQError,
@@ -100,7 +101,13 @@ class _Spec:
         )
 
 
-__all__ = ["Outgoing", "Putting"]
+__all__ = ["SEND_FIRST_WINDOW", "Outgoing", "Putting"]
+
+#: Seconds after its start within which a put that sends first (an adapter with
+#: ``Capabilities.index_after_send``) commits its records available; a get gives an
+#: entry without its record back until then, and acknowledges it as purged only after
+#: twice as long (room for clocks apart and a commit waiting for the index).
+SEND_FIRST_WINDOW = 60.0
 
 log = get_logger("iqbridge")
 
@@ -304,6 +311,8 @@ class Putting(Subscribing):
         writes = Writes(self.name, created=records, retain=retain, journal=journal)
         if ids is not None:
             self._put_idempotent(audience, envelopes, writes.as_changes())
+        elif self._adapter.capabilities.index_after_send and self.hub.colocated is None:
+            self._put_then_index(audience, envelopes, writes)
         elif self._shared_txn:
             with self._store.atomic():
                 refs = self._adapter.send(self.name, envelopes)
@@ -467,6 +476,55 @@ class Putting(Subscribing):
                 store.set_native_ref(msg_id, self._adapter.send(self.name, [sent])[0])
             return
         raise ConcurrentUpdate(msg_id, CAS_ATTEMPTS)
+
+    def _put_then_index(
+        self, audience: Audience, envelopes: list[Envelope], writes: Writes
+    ) -> None:
+        """The broker first, then the records with their native references in one index
+        commit (:attr:`~iqbridge.adapter.Capabilities.index_after_send`).
+
+        A get that reads an entry before its record is committed gives it back (the put
+        is in flight) for :data:`SEND_FIRST_WINDOW` after the put began, and acknowledges
+        it as purged only after twice that. So the records are committed available only
+        within the window; a put whose broker took longer, or refused, is withdrawn in the
+        index (its records committed, then withdrawn: a get acknowledges the entries the
+        broker took) and raises. A put cut short between the broker and the index (the
+        process killed) leaves entries without records: no get hands them out, and the
+        put never returned their ids."""
+        if self._native:
+            self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
+        began = envelopes[0].put_at
+        try:
+            refs = self._adapter.send(self.name, envelopes)
+        except IQError as exc:
+            self._withdraw_put(writes, f"the broker refused the put ({type(exc).__name__})")
+            raise
+        took = self._now() - began
+        if took > SEND_FIRST_WINDOW * 1_000_000:
+            self._withdraw_put(writes, f"the broker took {took / 1e6:.0f} s to confirm the put")
+            raise BrokerUnavailable(
+                f"queue {self.name}: the broker at {self._adapter.url} took {took / 1e6:.1f} s "
+                f"to confirm a put of {len(envelopes)} message(s), more than "
+                f"{SEND_FIRST_WINDOW:g} s: the put is withdrawn; put them again"
+            )
+        for rec, ref in zip(writes.created, refs, strict=True):
+            rec.native_ref = ref
+        if not all(self._store.commit_writes(writes)):
+            raise StaleRecord(writes.created[0].msg_id)  # a new id taken: nothing stays
+
+    def _withdraw_put(self, writes: Writes, why: str) -> None:
+        """Record a put the broker did not take whole, withdrawn (best effort: a get
+        acknowledges an entry without its record once it is old enough)."""
+        try:
+            self._store.commit_writes(writes)
+        except (IQError, StaleRecord):
+            log.exception("queue %s: a failed put could not be recorded as withdrawn", self.name)
+            return
+        now = self._now()
+        undo = [engine.withdraw(rec, now, why) for rec in writes.created]
+        for change, ok in zip(undo, self._store.commit_each(undo), strict=True):
+            if not ok:  # someone moved it meanwhile: decide on a fresh read
+                self._apply(change.msg_id, lambda r: engine.withdraw(r, self._now(), why))
 
     def _put_via_broker(
         self,
