@@ -354,9 +354,11 @@ def envelope_of(body: bytes, text: dict[str, str]) -> Envelope:
     try:
         priority = int(get("iq-prio", "4"))
         put_at = int(get("iq-at", "0"))
-        parents = tuple(str(p) for p in json.loads(get("iq-parents", "[]")))
+        listed = get("iq-parents")
+        parents = tuple(str(p) for p in json.loads(listed)) if listed else ()
     except (ValueError, TypeError):
         priority, put_at, parents = 4, 0, ()
+    to = get("iq-to")
     return Envelope(
         msg_id=text["iq-id"],
         body=body,
@@ -368,7 +370,7 @@ def envelope_of(body: bytes, text: dict[str, str]) -> Envelope:
         ordering_key=get("iq-key", ""),
         parents=parents,
         put_at=put_at,
-        groups=tuple(get("iq-to", "").split()),
+        groups=tuple(to.split()) if to else (),
     )
 
 
