@@ -198,12 +198,13 @@ def _postgresql() -> dict[str, str]:
     moved = _set(MOVE_COLS[2:], "", "v")
     members = _set(MOVED_MEMBER_COLS[2:], "", "w")
     return {
-        # Ids as one JSON array: the index is used (= ANY of an array), the rows locked
-        # in msg_id order.
+        # Ids as one JSON array, sorted, each looked up by the msg_id index and locked
+        # in turn: the rows locked in msg_id order (as ORDER BY msg_id ... FOR UPDATE
+        # elsewhere), and no table scan whatever the table's size or statistics.
         "lock": (
-            "SELECT msg_id, version FROM {msg} WHERE msg_id = ANY(ARRAY("
-            "SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))))"
-            " ORDER BY msg_id FOR UPDATE"
+            "SELECT t.msg_id, t.version FROM (SELECT id FROM jsonb_array_elements_text("
+            "CAST(:ids AS jsonb)) AS k(id) ORDER BY id) AS k CROSS JOIN LATERAL"
+            " (SELECT msg_id, version FROM {msg} WHERE msg_id = k.id FOR UPDATE) AS t"
         ),
         # Messages, then their members, payload copies and journal joined to what was
         # inserted: a taken msg_id (ON CONFLICT) writes nothing at all.

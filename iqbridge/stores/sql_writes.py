@@ -27,9 +27,10 @@ One transaction, a fixed number of statements whatever the batch size:
    (:class:`~iqbridge.writes.Steps`) itself, by an ``INSERT ... SELECT`` joining each
    group's messages to its steps in the order :meth:`Writes.flat
    <iqbridge.writes.Writes.flat>` gives them, inside the statement of the rows (joined
-   to what it inserted or updated): a batch transition is the lock and one statement. MariaDB gets the expanded rows as one
-   multi-row ``INSERT ... VALUES``: InnoDB numbers an ``INSERT ... SELECT`` in chunks
-   and drops the unused numbers, gaps a reader would wait out as commits to come.
+   to what it inserted or updated): a batch transition is the lock and one statement.
+   MariaDB gets the expanded rows as one multi-row ``INSERT ... VALUES``: InnoDB numbers
+   an ``INSERT ... SELECT`` in chunks and drops the unused numbers, gaps a reader would
+   wait out as commits to come.
 
    (The SQLite store's batch rows, ``{"b": [[at, steps, items]...]}`` numbered ``row *
    65536 + position``, would be cheaper still to write, about 3 µs instead of 20-30 µs
