@@ -284,8 +284,25 @@ def _mysql() -> dict[str, str]:
     }
 
 
-def statements(family: str, names: dict[str, str]) -> dict[str, str]:
+def statements(
+    family: str, names: dict[str, str], version: tuple[int, ...], mariadb: bool = False
+) -> dict[str, str]:
     """The batch statements of ``family`` (``postgresql`` or ``mysql``; none for other
-    dialects, which use ``executemany``), the table names filled in."""
-    made = _postgresql() if family == "postgresql" else _mysql() if family == "mysql" else {}
+    dialects, which use ``executemany``) on a server of ``version``, the table names
+    filled in.
+
+    PostgreSQL before 12 has no ``MATERIALIZED`` (its CTEs always are). ``JSON_TABLE``
+    statements are made for MariaDB 10.6 or later only (MySQL's column syntax differs,
+    and is not tested here): elsewhere moves go by ``executemany``, and new rows and the
+    journal still by multi-row ``INSERT ... VALUES``."""
+    if family == "postgresql":
+        made = _postgresql()
+        if version < (12,):
+            made = {k: v.replace(" AS MATERIALIZED (", " AS (") for k, v in made.items()}
+    elif family == "mysql":
+        made = _mysql()
+        if not mariadb or version < (10, 6):
+            made = {k: v for k, v in made.items() if k.endswith("_rows")}
+    else:
+        made = {}
     return {k: v.format(**names) for k, v in made.items()}
