@@ -198,12 +198,13 @@ def _postgresql() -> dict[str, str]:
     moved = _set(MOVE_COLS[2:], "", "v")
     members = _set(MOVED_MEMBER_COLS[2:], "", "w")
     return {
-        # Ids as one JSON array: the index is used (= ANY of an array), the rows locked
-        # in msg_id order.
+        # Ids as one JSON array, sorted, each looked up by the msg_id index and locked
+        # in turn: the rows locked in msg_id order (as ORDER BY msg_id ... FOR UPDATE
+        # elsewhere), and no table scan whatever the table's size or statistics.
         "lock": (
-            "SELECT msg_id, version FROM {msg} WHERE msg_id = ANY(ARRAY("
-            "SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))))"
-            " ORDER BY msg_id FOR UPDATE"
+            "SELECT t.msg_id, t.version FROM (SELECT id FROM jsonb_array_elements_text("
+            "CAST(:ids AS jsonb)) AS k(id) ORDER BY id) AS k CROSS JOIN LATERAL"
+            " (SELECT msg_id, version FROM {msg} WHERE msg_id = k.id FOR UPDATE) AS t"
         ),
         # Messages, then their members, payload copies and journal joined to what was
         # inserted: a taken msg_id (ON CONFLICT) writes nothing at all.
@@ -283,8 +284,25 @@ def _mysql() -> dict[str, str]:
     }
 
 
-def statements(family: str, names: dict[str, str]) -> dict[str, str]:
+def statements(
+    family: str, names: dict[str, str], version: tuple[int, ...], mariadb: bool = False
+) -> dict[str, str]:
     """The batch statements of ``family`` (``postgresql`` or ``mysql``; none for other
-    dialects, which use ``executemany``), the table names filled in."""
-    made = _postgresql() if family == "postgresql" else _mysql() if family == "mysql" else {}
+    dialects, which use ``executemany``) on a server of ``version``, the table names
+    filled in.
+
+    PostgreSQL before 12 has no ``MATERIALIZED`` (its CTEs always are). ``JSON_TABLE``
+    statements are made for MariaDB 10.6 or later only (MySQL's column syntax differs,
+    and is not tested here): elsewhere moves go by ``executemany``, and new rows and the
+    journal still by multi-row ``INSERT ... VALUES``."""
+    if family == "postgresql":
+        made = _postgresql()
+        if version < (12,):
+            made = {k: v.replace(" AS MATERIALIZED (", " AS (") for k, v in made.items()}
+    elif family == "mysql":
+        made = _mysql()
+        if not mariadb or version < (10, 6):
+            made = {k: v for k, v in made.items() if k.endswith("_rows")}
+    else:
+        made = {}
     return {k: v.format(**names) for k, v in made.items()}

@@ -27,9 +27,10 @@ One transaction, a fixed number of statements whatever the batch size:
    (:class:`~iqbridge.writes.Steps`) itself, by an ``INSERT ... SELECT`` joining each
    group's messages to its steps in the order :meth:`Writes.flat
    <iqbridge.writes.Writes.flat>` gives them, inside the statement of the rows (joined
-   to what it inserted or updated): a batch transition is the lock and one statement. MariaDB gets the expanded rows as one
-   multi-row ``INSERT ... VALUES``: InnoDB numbers an ``INSERT ... SELECT`` in chunks
-   and drops the unused numbers, gaps a reader would wait out as commits to come.
+   to what it inserted or updated): a batch transition is the lock and one statement.
+   MariaDB gets the expanded rows as one multi-row ``INSERT ... VALUES``: InnoDB numbers
+   an ``INSERT ... SELECT`` in chunks and drops the unused numbers, gaps a reader would
+   wait out as commits to come.
 
    (The SQLite store's batch rows, ``{"b": [[at, steps, items]...]}`` numbered ``row *
    65536 + position``, would be cheaper still to write, about 3 µs instead of 20-30 µs
@@ -158,7 +159,17 @@ class SqlWrites(SqlCommits):
                 "jr": fmt(t.journal),
                 "pl": fmt(t.payloads),
             }
-            made = statements(self.options.family, names)
+            dialect = self.writer.dialect
+            version = dialect.server_version_info or self.reader.dialect.server_version_info
+            if version is None:  # no connection made yet: one tells
+                with self.reader.connect():
+                    version = self.reader.dialect.server_version_info
+            made = statements(
+                self.options.family,
+                names,
+                tuple(v for v in version or () if isinstance(v, int)),
+                bool(getattr(dialect, "is_mariadb", False)),
+            )
             self._batch_sql = {k: sa.text(v) for k, v in made.items() if not k.endswith("_rows")}
             self._prefixes = {k: v for k, v in made.items() if k.endswith("_rows")}
             self._journal_rows = made.get("journal_rows")
@@ -470,8 +481,8 @@ class SqlWrites(SqlCommits):
             if count != len(moved):
                 raise StaleRecord(moved[0][1].msg_id)
             return
-        if family == "mysql":
-            sql = self._sql()
+        sql = self._sql()
+        if family == "mysql" and "move" in sql:
             result = conn.execute(sql["move"], {"doc": encode(msg_rows)})
             if result.rowcount != len(moved):
                 raise StaleRecord(moved[0][1].msg_id)
