@@ -2,7 +2,8 @@
 session's Tansu broker with an SQLite index.
 
 * One index commit per put: the records with their native references (before: the
-  records, then their references in a second commit, each with an fsync).
+  records, then their references in a second commit, each with an fsync); a batch of
+  gets is claimed in one commit of the batch engine's writes.
 * A get that reads a record while its put is between the broker and the index (produced,
   its index record not committed yet) gives it back, and delivers it once the record is
   there: nothing lost, nothing delivered before its record exists.
@@ -81,6 +82,9 @@ def test_a_put_commits_the_index_once_with_the_native_refs(
     one = q.put(b"one")
     assert calls == ["commit_writes"]
     assert hub.store.load(one).native_ref
+    # The gets claim each batch in one commit of the batch engine's writes, and need no
+    # native references written: the records have theirs.
+    calls.clear()
     got = q.get_many("a", 100, timeout=10)
     bodies = {d.body for d in got}
     while len(bodies) < 52:
@@ -91,6 +95,7 @@ def test_a_put_commits_the_index_once_with_the_native_refs(
         bodies |= {d.body for d in more}
     got.done()
     assert bodies == {b"warm-up", b"one", *(b"%d" % i for i in range(50))}
+    assert set(calls) == {"commit_writes"}, calls
 
 
 def test_a_get_during_the_put_gives_the_record_back_until_its_index_record_is_there(
