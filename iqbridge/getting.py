@@ -434,14 +434,12 @@ class Getting(Settling, Housekeeping):
             now = self._now()
             until = now + lease_us if lease_us is not None else None
             claims, writes, again = self._plan(pending, subscriber, now, owner, until)
+            # One flag per write: the moves first, then the one-by-one changes (each
+            # claim knows its position).
             flags = self._store.commit_writes(writes) if claims else []
-            # commit_writes answers for the moves first, then the one-by-one changes.
-            ok = {a.msg_id for (_, a), f in zip(writes.moved, flags, strict=False) if f}
-            rest = flags[len(writes.moved) :]
-            ok.update(c.msg_id for c, f in zip(writes.changes, rest, strict=True) if f)
             refs: list[tuple[str, str]] = []
-            for received, rec, token in claims:
-                if rec.msg_id not in ok:
+            for received, rec, token, at in claims:
+                if not flags[at]:
                     again.append(received)
                     continue
                 out.append(self._delivered(received, rec, token, subscriber, refs))
@@ -527,13 +525,14 @@ class Getting(Settling, Housekeeping):
         now: int,
         owner: str,
         lease_until: int | None,
-    ) -> tuple[list[tuple[Received, MessageRecord, str]], Writes, list[Received]]:
+    ) -> tuple[list[tuple[Received, MessageRecord, str, int]], Writes, list[Received]]:
         """Decide what each broker delivery is for this subscriber: a claim (returned with
-        its record as claimed and its token, in the batch's order, and the writes that
-        make the claims: the common path in one pass of the batch engine, the others one
-        at a time), an acknowledgement (sent here: not addressed to the group, finished
-        already, purged), nothing (held by someone else: it stays pending), or a decision
-        to make again on a fresh read (returned apart)."""
+        its record as claimed, its token and its position among the writes, in the
+        batch's order, and the writes that make the claims: the common path in one pass
+        of the batch engine, the others one at a time), an acknowledgement (sent here:
+        not addressed to the group, finished already, purged), nothing (held by someone
+        else: it stays pending), or a decision to make again on a fresh read (returned
+        apart)."""
         store = self._store
         hints: dict[int, MessageRecord] = {}
         unread: list[str] = []
@@ -553,6 +552,7 @@ class Getting(Settling, Housekeeping):
         held_keys: set[tuple[str, str]] = set()
         #: (position in the batch, delivery, record) of the members AVAILABLE to claim.
         cands: list[tuple[int, Received, MessageRecord]] = []
+        claiming: set[str] = set()
         again: list[Received] = []
         for i, received in enumerate(batch):
             env = received.envelope
@@ -598,6 +598,12 @@ class Getting(Settling, Housekeeping):
                 if fenced and (group, env.ordering_key) in held_keys:
                     self._adapter.requeue(self.name, group, received.native_ref)
                     continue
+                if rec.msg_id in claiming:
+                    # A second entry of one message in this batch: decided on a fresh
+                    # read, once the first one's claim is made.
+                    again.append(received)
+                    continue
+                claiming.add(rec.msg_id)
                 cands.append((i, received, rec))
             elif member.state in TERMINAL or member.state is SubscriberState.JOURNALLED:
                 # Once-only: a redelivery of something this subscriber finished is acked,
@@ -626,7 +632,7 @@ class Getting(Settling, Housekeeping):
         owner: str,
         lease_until: int | None,
         again: list[Received],
-    ) -> tuple[list[tuple[Received, MessageRecord, str]], Writes]:
+    ) -> tuple[list[tuple[Received, MessageRecord, str, int]], Writes]:
         """GET then FETCHED for ``subscriber`` on each candidate: the common path in one
         pass of the batch engine, the others (pools, locks, retry delays, ...) one at a
         time; one the engine refuses is left out (or decided again on a fresh read when it
@@ -645,11 +651,12 @@ class Getting(Settling, Housekeeping):
         )
         writes.moved = moved
         writes.journal = steps
-        after: dict[int, MessageRecord] = {}
+        #: Candidate position -> its record as claimed and its position among the writes.
+        after: dict[int, tuple[MessageRecord, int]] = {}
         skip = set(off)
         on = (j for j in range(len(cands)) if j not in skip)
-        for j, (_, a) in zip(on, moved, strict=True):
-            after[j] = a
+        for k, (j, (_, a)) in enumerate(zip(on, moved, strict=True)):
+            after[j] = (a, k)
         for j in off:
             i, received, rec = cands[j]
             try:
@@ -663,9 +670,9 @@ class Getting(Settling, Housekeeping):
                     # acknowledge the entry.
                     again.append(received)
                 continue
+            after[j] = (change.record, len(moved) + len(writes.changes))
             writes.changes.append(change)
-            after[j] = change.record
-        claims = [(cands[j][1], after[j], tokens[j]) for j in sorted(after)]
+        claims = [(cands[j][1], after[j][0], tokens[j], after[j][1]) for j in sorted(after)]
         return claims, writes
 
     def _delivered(

@@ -2,7 +2,8 @@
 session's Tansu broker with an SQLite index.
 
 * One index commit per put: the records with their native references (before: the
-  records, then their references in a second commit, each with an fsync).
+  records, then their references in a second commit, each with an fsync); a batch of
+  gets is claimed in one commit of the batch engine's writes.
 * A get that reads a record while its put is between the broker and the index (produced,
   its index record not committed yet) gives it back, and delivers it once the record is
   there: nothing lost, nothing delivered before its record exists.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,9 @@ def test_a_put_commits_the_index_once_with_the_native_refs(
     one = q.put(b"one")
     assert calls == ["commit_writes"]
     assert hub.store.load(one).native_ref
+    # The gets claim each batch in one commit of the batch engine's writes, and need no
+    # native references written: the records have theirs.
+    calls.clear()
     got = q.get_many("a", 100, timeout=10)
     bodies = {d.body for d in got}
     while len(bodies) < 52:
@@ -91,6 +96,7 @@ def test_a_put_commits_the_index_once_with_the_native_refs(
         bodies |= {d.body for d in more}
     got.done()
     assert bodies == {b"warm-up", b"one", *(b"%d" % i for i in range(50))}
+    assert set(calls) == {"commit_writes"}, calls
 
 
 def test_a_get_during_the_put_gives_the_record_back_until_its_index_record_is_there(
@@ -193,3 +199,30 @@ def test_a_refused_put_is_recorded_withdrawn_and_never_delivered(
     assert d is not None and d.msg_id == after  # the two taken records were acknowledged
     d.done()
     assert q.get("a", timeout=0.5) is None
+
+
+def test_two_entries_of_one_message_in_one_batch_make_one_delivery(hub: iqbridge.Hub) -> None:
+    q = hub.queue("orders")
+    q.subscribe("a")
+    adapter = hub.adapter
+    assert isinstance(adapter, KafkaAdapter)
+    q.put(b"dup", msg_id="dup-1")
+    # A second entry of the same message (an idempotent put repeated after the broker took
+    # the first, before its reference was recorded).
+    adapter.send("orders", [Envelope(msg_id="dup-1", body=b"dup", put_at=hub.now_us())])
+    q.put(b"next")
+    time.sleep(1.0)  # the group's consumer reads all three: one batch holds both entries
+    got = q.get_many("a", 10, timeout=10)
+    seen = [d.msg_id for d in got]
+    got.done()
+    while True:
+        more = q.get_many("a", 10, timeout=1)
+        if not len(more):
+            break
+        seen += [d.msg_id for d in more]
+        more.done()
+    assert seen.count("dup-1") == 1, seen
+    assert len(seen) == 2, seen
+    journal = q.state("dup-1").journal
+    assert [e.dst for e in journal if e.actor == "a"].count("DONE") == 1, journal
+    assert [e.dst for e in journal if e.actor == "a"].count("GET") == 1, journal
