@@ -18,7 +18,16 @@ Each statement is timed alone; the last line is ``ratio=<raw / floor>``: the bes
 embedded batch path could reach against raw sqlite3 with this layout, were its Python
 free. Both sides use WAL and ``synchronous=full``, batches of ``--batch``.
 
+``--layout segments`` times instead the SQL of segment claims (issue 28, point 5; Kafka's
+share-group state batches): the put as today; a claim is the same claim query, records
+and payloads read, then ONE claim row (holder, token, lease, state, the seq range it
+covers) and the ready rows deleted by range, the journal row, the commit; a done is ONE
+update of the claim row (compare-and-set on its version), the journal row, the commit.
+Messages leaving the common path would get rows of their own (not timed: the common path
+is what the ratio is about).
+
 Usage: python benchmarks/embedded_floor.py [--messages N] [--batch B] [--rounds R]
+       [--layout rows|segments]
 """
 
 from __future__ import annotations
@@ -78,13 +87,37 @@ UPDATE = (
 )
 
 
-def run_floor(path: Path, n: int, size: int) -> dict[str, float]:
+CLAIMS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS iq_claims (
+    claim INTEGER PRIMARY KEY, queue TEXT NOT NULL, subscriber TEXT NOT NULL,
+    lo INTEGER NOT NULL, hi INTEGER NOT NULL, state TEXT NOT NULL, token TEXT NOT NULL,
+    owner TEXT NOT NULL, lease_until INTEGER, attempt INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL, version INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS iq_claims_range ON iq_claims (queue, subscriber, lo);
+CREATE INDEX IF NOT EXISTS iq_claims_due ON iq_claims (lease_until)
+    WHERE lease_until IS NOT NULL;
+"""
+INSERT_CLAIM = "INSERT INTO iq_claims VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+SETTLE_CLAIM = (
+    "UPDATE iq_claims SET state=?, lease_until=NULL, updated_at=?, version=version+1"
+    " WHERE claim=? AND version=? AND token=?"
+)
+DELETE_READY_RANGE = (
+    "DELETE FROM iq_ready WHERE queue='q' AND subscriber='s1' AND priority=4"
+    " AND seq BETWEEN ? AND ?"
+)
+
+
+def run_floor(path: Path, n: int, size: int, layout: str = "rows") -> dict[str, float]:
     """Seconds spent in each statement of the embedded batch path, by name."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.executescript(INDEX_SCHEMA)
     conn.executescript(QUEUE_SCHEMA)
+    conn.executescript(CLAIMS_SCHEMA)
+    segments = layout == "segments"
     spent: dict[str, float] = {}
 
     @contextlib.contextmanager
@@ -136,6 +169,28 @@ def run_floor(path: Path, n: int, size: int) -> dict[str, float]:
             conn.execute(f"SELECT * FROM iq_queue_rows WHERE ref IN ({marks})", refs).fetchall()
         row += 1
         lease = T0 + 30_000_000
+        if segments:
+            claim = row
+            with timed("get: claim row"):
+                lo, hi = min(seqs), max(seqs)
+                values = (claim, "q", "s1", lo, hi, "FETCHED", TOKEN, OWNER, lease, 1, T0, 1)
+                conn.execute(INSERT_CLAIM, values)
+            with timed("get: ready rows"):
+                conn.execute(DELETE_READY_RANGE, (min(seqs), max(seqs)))
+            with timed("get: journal row"):
+                conn.execute(INSERT_JOURNAL, (row, "", "q", journal))
+            with timed("get: commit"):
+                conn.execute("COMMIT")
+            conn.execute("BEGIN IMMEDIATE")
+            row += 1
+            with timed("done: claim row"):
+                cur = conn.execute(SETTLE_CLAIM, ("JOURNALLED", T0 + 2, claim, 1, TOKEN))
+                assert cur.rowcount == 1
+            with timed("done: journal row"):
+                conn.execute(INSERT_JOURNAL, (row, "", "q", journal))
+            with timed("done: commit"):
+                conn.execute("COMMIT")
+            continue
         claimed = [
             ("REVEALED", 0, T0 + 1, None, None, None, 2, FETCHED, f",{row}", lease, s, 1)
             for s in seqs
@@ -172,6 +227,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layout", choices=["rows", "segments"], default="rows")
     args = parser.parse_args()
     n = args.messages - args.messages % args.batch
     floors: list[dict[str, float]] = []
@@ -179,8 +235,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
             raws.append(run_raw_batch(Path(tmp) / f"raw{i}.db", n, "full", args.batch))
-            floors.append(run_floor(Path(tmp) / f"floor{i}.db", n, args.batch))
-    print(f"embedded SQLite batch path, SQL only: {n} messages, batches of {args.batch}")
+            floors.append(run_floor(Path(tmp) / f"floor{i}.db", n, args.batch, args.layout))
+    print(
+        f"embedded SQLite batch path, SQL only ({args.layout}): {n} messages, "
+        f"batches of {args.batch}"
+    )
     total = 0.0
     for name in floors[0]:
         us = statistics.median(f[name] for f in floors) * 1e6 / n
