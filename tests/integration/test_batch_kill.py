@@ -2,11 +2,18 @@
 settled comes back after its lease with attempt + 1, nothing is lost and no message is
 DONE twice. On the embedded SQLite queue (index-driven) and on Redis Streams (consumer
 groups), with real processes, real SIGKILL and real lease expiry.
+
+Of the 8 kills, 6 land mid-batch by design: the consumer, told to hold a batch after
+settling a few (``--hold-after``), reports the batch it holds (a full one of new
+messages, just claimed or already processed) and waits; the test kills it then. So at
+least 6 x 25 messages come back, each batch of its own. The other 2 land anywhere (a
+random delay after the start): before the first claim, mid-batch, mid-settle.
 """
 
 from __future__ import annotations
 
 import random
+import select
 import subprocess
 import sys
 import time
@@ -24,6 +31,8 @@ N = 2000
 BATCH = 25
 LEASE = 1.0
 KILLS = 8
+#: Kills at a batch the consumer reports it holds (the rest after a random delay).
+HELD = 6
 SCRIPT = Path(__file__).with_name("batch_consumer.py")
 
 
@@ -41,9 +50,22 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
             drop_streams(f"{prefix}:")
 
 
-def _start(url: str, log: Path) -> subprocess.Popen[bytes]:
-    options = ["--batch", str(BATCH), "--lease", str(LEASE), "--pause", "0.1"]
-    return subprocess.Popen([sys.executable, str(SCRIPT), url, "orders", "svc", str(log), *options])
+def _start(url: str, log: Path, *hold: str) -> subprocess.Popen[bytes]:
+    options = ["--batch", str(BATCH), "--lease", str(LEASE), "--pause", "0.1", *hold]
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), url, "orders", "svc", str(log), *options],
+        stdout=subprocess.PIPE,
+    )
+
+
+def _held(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> str:
+    """The consumer's report of the batch it holds (it waits for its kill then)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"the consumer reported no held batch within {timeout} s"
+    line = proc.stdout.readline().decode()
+    assert line.startswith("held "), f"the consumer said {line!r} (exit {proc.poll()})"
+    return line.split()[1]
 
 
 @pytest.mark.slow
@@ -57,13 +79,23 @@ def test_consumers_killed_mid_batch_lose_nothing_and_finish_each_message_once(
         queue = hub.queue("orders", lease=LEASE)
         queue.subscribe("svc")
         ids = queue.put_many([{"n": i} for i in range(N)], to=["svc"])
-        for _ in range(KILLS):
-            proc = _start(url, log)
+        held_at: Counter[str] = Counter()
+        for at_held in rng.sample([True] * HELD + [False] * (KILLS - HELD), KILLS):
+            if at_held:
+                after = str(rng.randint(0, 4))
+                stage = rng.choice(["claimed", "processed"])
+                proc = _start(url, log, "--hold-after", after, "--hold-at", stage)
+            else:
+                proc = _start(url, log)
             try:
-                time.sleep(rng.uniform(0.6, 1.4))
+                if at_held:
+                    held_at[_held(proc)] += 1
+                else:
+                    time.sleep(rng.uniform(0.6, 1.4))
             finally:
                 proc.kill()
                 proc.wait(10)
+        assert sum(held_at.values()) == HELD
         last = _start(url, log)
         try:
             deadline = time.monotonic() + 120
@@ -96,9 +128,10 @@ def test_consumers_killed_mid_batch_lose_nothing_and_finish_each_message_once(
     # processed again, but DONE once.
     again = [m for m, n in processed.items() if n > 1]
     redelivered = [m for m, a in attempts.items() if a >= 2]
-    # Most kills land while a batch is held (claimed, being processed or settled): the
-    # test proves nothing unless they do.
-    assert len(redelivered) >= BATCH * KILLS // 2, f"only {len(redelivered)} redelivered"
+    # Each kill at a held batch stranded a full batch of new messages (attempt 1, so no
+    # two of them share a message): each came back after its lease. The test proves
+    # nothing unless they did.
+    assert len(redelivered) >= BATCH * HELD, f"only {len(redelivered)} redelivered"
     assert all(attempts[m] >= 2 for m in again)
     seen_attempts = Counter(
         (m, int(a)) for m, a in (line.split() for line in log.read_text().splitlines())
@@ -110,7 +143,8 @@ def test_consumers_killed_mid_batch_lose_nothing_and_finish_each_message_once(
         assert set(mine.values()) == {1} and len(mine) == processed[m], (m, mine)
         assert max(mine) <= attempts[m]
     print(
-        f"\n{N} messages, {KILLS} kills: {len(redelivered)} redelivered after a kill "
+        f"\n{N} messages, {KILLS} kills ({dict(held_at)} at a held batch): "
+        f"{len(redelivered)} redelivered after a kill "
         f"({len(again)} of them processed before it), "
         f"max attempt {max(attempts.values())}, every message DONE once"
     )

@@ -3,9 +3,14 @@
 10,000 messages go to two named subscribers and a pool of two members: three consumer
 groups (``<prefix>orders.a``, ``.b`` and ``.pool``), 30,000 deliveries to finish. The
 topic has two partitions (``partitions=2``), so the pool's members split it, one
-partition each. One OS process per subscriber and per pool member, each with its own hub
-on the broker (Tansu, started for the test session); the index is one ``sql+sqlite://``
-file that every process shares. While the publisher puts, a random consumer is
+partition each. A record's partition is its ordering key's (the record key), and a put
+without one is keyed by its publisher, which would put all 10,000 on one partition and
+leave a member idle unless a kill handed it over; so the chunks of puts take eight
+ordering keys in turn, and the test checks that both partitions got records. One OS
+process per subscriber and per pool member, each with its own hub on the broker (Tansu,
+started for the test session); the index is one ``sql+sqlite://`` file that every
+process shares. Once both pool members have committed work (the group gave each a
+partition: the pool is shared), while the publisher puts, a random consumer is
 SIGKILLed after a random delay and started again, 30 times in all, so kills land
 anywhere: while joining its group, while claiming, while processing (the records are
 FETCHED under a lease in the index; the group's offset stays below them), inside the
@@ -65,6 +70,8 @@ BATCH = 100
 #: work in progress, quick enough that each group keeps up with the puts between kills.
 WORK = 0.3
 PUT_CHUNK = 250
+#: Ordering keys, one per chunk of puts in turn: records on both partitions.
+KEYS = 8
 PARTITIONS = 2
 QUEUE = "orders"
 #: Consumer processes: name -> (subscriber or pool member, the pool's name or "").
@@ -105,10 +112,9 @@ def test_consumers_killed_30_times_lose_nothing_and_process_each_message_once(
         def publish() -> None:
             prng = random.Random(7)
             try:
-                for start_at in range(0, N, PUT_CHUNK):
-                    ids.extend(
-                        queue.put_many([{"n": i} for i in range(start_at, start_at + PUT_CHUNK)])
-                    )
+                for chunk, start_at in enumerate(range(0, N, PUT_CHUNK)):
+                    payloads = [{"n": i} for i in range(start_at, start_at + PUT_CHUNK)]
+                    ids.extend(queue.put_many(payloads, ordering_key=f"key-{chunk % KEYS}"))
                     time.sleep(prng.uniform(0.1, 0.5))
             except BaseException as exc:
                 put_error.append(exc)
@@ -123,12 +129,30 @@ def test_consumers_killed_30_times_lose_nothing_and_process_each_message_once(
             with app.connect() as conn:
                 return int(conn.execute(sa.select(sa.func.count()).select_from(table)).scalar())
 
+        def pool_members_with_rows() -> set[str]:
+            query = sa.select(table.c.member).where(table.c.grp == "pool").distinct()
+            with app.connect() as conn:
+                return set(conn.execute(query).scalars())
+
         def working() -> list[str]:
             """The consumers that have claimed a batch since they were (re)started."""
             pids = {line.split()[0] for line in claims.read_text().splitlines()}
             return sorted(name for name, proc in procs.items() if str(proc.pid) in pids)
 
         try:
+            # The pool is shared: once both members are in the group, each has a
+            # partition with records coming, and commits work of its own. Only then do
+            # the kills begin (a restarted member joins again, so kills still land on
+            # joining consumers too).
+            deadline = time.monotonic() + 60
+            while pool_members_with_rows() != {"m1", "m2"}:
+                for name, proc in procs.items():
+                    assert proc.poll() is None, f"consumer {name} exited: {proc.returncode}"
+                assert time.monotonic() < deadline, (
+                    f"the pool's members did not both work: {pool_members_with_rows()}"
+                )
+                time.sleep(0.2)
+            shared_s = time.monotonic() - t0
             for _ in range(KILLS):
                 time.sleep(rng.uniform(0.5, 2.5))
                 # Mostly a consumer at work (a restart takes seconds on Kafka, and kills
@@ -147,6 +171,12 @@ def test_consumers_killed_30_times_lose_nothing_and_process_each_message_once(
             publisher.join(120)
             assert not put_error, f"the publisher failed: {put_error[0]!r}"
             assert len(ids) == N
+            # The records of each chunk share a key, so a partition: both got some.
+            partitions = {
+                int(str(hub.store.load(ids[i]).native_ref).split(":")[0])
+                for i in range(0, N, PUT_CHUNK)
+            }
+            assert partitions == set(range(PARTITIONS)), partitions
             wait_for_rows(rows, 3 * N, procs, tmp_path)
             drained_s = time.monotonic() - t0
             # Anything still due (a duplicate row, a late DONE) would show up now.
@@ -178,8 +208,8 @@ def test_consumers_killed_30_times_lose_nothing_and_process_each_message_once(
         f"({claimed - 3 * N} processings killed before their commit), {claimed_again} "
         f"redeliveries claimed (attempt >= 2), {redelivered} committed on attempt >= 2 "
         f"(max attempt {max(committed.values())}); pool split {by_member['m1']}/"
-        f"{by_member['m2']}; {len(starts)} processes got work, first batch "
-        f"{min(starts):.1f}-{max(starts):.1f} s after their start; 0 lost, 0 processed "
-        f"twice; drained at {drained_s:.1f} s, checks {check_s:.1f} s, elapsed "
+        f"{by_member['m2']} (both at work {shared_s:.1f} s in); {len(starts)} processes "
+        f"got work, first batch {min(starts):.1f}-{max(starts):.1f} s after their start; "
+        f"0 lost, 0 processed twice; drained at {drained_s:.1f} s, checks {check_s:.1f} s, elapsed "
         f"{time.monotonic() - t0:.1f} s"
     )

@@ -221,13 +221,20 @@ def test_bad_arguments_are_refused(proxy: FaultProxy) -> None:
 
 
 def test_an_unreachable_server_resets_the_client() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nobody listens there
-    with (
-        FaultProxy("127.0.0.1", port) as proxy,
-        _client(proxy) as sock,
-        pytest.raises(ConnectionResetError),
-    ):
-        sock.sendall(b"x")
-        sock.recv(10)
+    # A bound socket that does not listen holds the port for the whole test (no other
+    # process can take it, as it could a port closed again), and the kernel refuses
+    # every connection to it: the proxy's connect to its target fails at once.
+    with socket.socket() as unreachable:
+        unreachable.bind(("127.0.0.1", 0))
+        port = unreachable.getsockname()[1]
+        with FaultProxy("127.0.0.1", port) as proxy:
+            # The proxy accepts the client, fails to reach the server and resets the
+            # client. The reset can beat the client's own connect() back (under load the
+            # client's thread may look at its socket only after the RST arrived), so it
+            # may surface there, at the send or at the receive: a reset in every case,
+            # never an orderly close (recv would return b"") nor a hang (a timeout).
+            with pytest.raises(ConnectionResetError), _client(proxy) as sock:
+                sock.sendall(b"x")
+                sock.recv(10)
+            _until(lambda: proxy.connections == 0)
+            assert proxy.cuts == 0  # not a cut of a connection that was ever through
