@@ -202,8 +202,12 @@ class SqlWrites(SqlCommits):
                     if lit is None:
                         lit = cache[v] = escape(str(v))
                     values.append(lit)
-                else:
+                elif isinstance(v, int):
                     values.append(str(int(v)))
+                else:
+                    # Only text, integers and NULL go as literals: anything else (bytes,
+                    # floats) would need a quoting of its own, so it is refused, not guessed.
+                    raise TypeError(f"no SQL literal for a {type(v).__name__} in {kind}")
             text = "(" + ",".join(values) + ")"
             parts.append(text)
             size += len(text) + 1
