@@ -57,7 +57,7 @@ from iqbridge.states import ActorKind
 from iqbridge.stores.base import StaleRecord
 from iqbridge.stores.codec import encode
 from iqbridge.stores.sql_commit import _EACH_ATTEMPTS, SqlCommits
-from iqbridge.stores.sql_rows import _CHUNK, _message_row
+from iqbridge.stores.sql_rows import _CHUNK, _message_row, member_moves
 from iqbridge.stores.sql_statements import NEW_COLS, statements
 from iqbridge.writes import Writes
 
@@ -274,23 +274,7 @@ class SqlWrites(SqlCommits):
             row = _message_row(rec)
             rows.append(tuple(row[c] for c, _ in NEW_COLS))
             for position, m in enumerate(rec.members.values()):
-                members.append(
-                    (
-                        rec.msg_id,
-                        m.subscriber,
-                        position,
-                        m.pool,
-                        m.state,
-                        m.outcome,
-                        m.attempt,
-                        m.lease_token,
-                        m.lease_owner,
-                        m.lease_until,
-                        m.not_before,
-                        m.reason,
-                        m.updated_at,
-                    )
-                )
+                members.append((rec.msg_id, m.subscriber, position, m.pool, *member_moves(m)))
             if kept is not None:
                 pl["p_id"].append(rec.msg_id)
                 pl["p_body"].append(bytes(kept.body))
@@ -344,15 +328,7 @@ class SqlWrites(SqlCommits):
                         rec.seq,
                         -rec.priority,
                         m.pool,
-                        m.state,
-                        m.outcome,
-                        m.attempt,
-                        m.lease_token,
-                        m.lease_owner,
-                        m.lease_until,
-                        m.not_before,
-                        m.reason,
-                        m.updated_at,
+                        *member_moves(m),
                     )
                 )
         self._insert_rows(conn, "member_rows", members)
@@ -462,19 +438,7 @@ class SqlWrites(SqlCommits):
             for b, a in moved
         ]
         mem_rows = [
-            (
-                a.msg_id,
-                name,
-                m.state,
-                m.outcome,
-                m.attempt,
-                m.lease_token,
-                m.lease_owner,
-                m.lease_until,
-                m.not_before,
-                m.reason,
-                m.updated_at,
-            )
+            (a.msg_id, name, *member_moves(m))
             for b, a in moved
             for name, m in a.members.items()
             if m is not b.members.get(name)

@@ -199,35 +199,7 @@ class SqliteCommits:
                 continue
             seq += 1
             rec.seq = seq
-            rows.append(
-                (
-                    seq,
-                    rec.msg_id,
-                    rec.queue,
-                    rec.publisher,
-                    rec.ordering_key,
-                    rec.correlation_id,
-                    rec.priority,
-                    rec.mode,
-                    json.dumps(rec.parents) if rec.parents else None,
-                    rec.native_ref,
-                    rec.content_type,
-                    rec.size,
-                    rec.created_at,
-                    rec.expires_at,
-                    rec.max_attempts,
-                    rec.publisher_state,
-                    int(rec.withdrawn),
-                    rec.updated_at,
-                    rec.lock_id,
-                    rec.lock_owner,
-                    rec.lock_until,
-                    rec.version,
-                    _members_json(rec),
-                    seqs.get(rec.msg_id, ""),
-                    rec.due_at(),
-                )
-            )
+            rows.append((seq, *_message_row(rec, _members_json(rec), seqs.get(rec.msg_id, ""))))
             for m in rec.members.values():
                 if m.state is _AVAILABLE:
                     ready.append((rec.queue, m.subscriber, rec.priority, seq, m.attempt, None))
@@ -350,33 +322,7 @@ class SqliteCommits:
         members = _members_json(rec)
         if change.created:
             cur = conn.execute(
-                _INSERT_ABSENT if each else _INSERT_MSG,
-                (
-                    rec.msg_id,
-                    rec.queue,
-                    rec.publisher,
-                    rec.ordering_key,
-                    rec.correlation_id,
-                    rec.priority,
-                    rec.mode,
-                    json.dumps(rec.parents) if rec.parents else None,
-                    rec.native_ref,
-                    rec.content_type,
-                    rec.size,
-                    rec.created_at,
-                    rec.expires_at,
-                    rec.max_attempts,
-                    rec.publisher_state,
-                    int(rec.withdrawn),
-                    rec.updated_at,
-                    rec.lock_id,
-                    rec.lock_owner,
-                    rec.lock_until,
-                    rec.version,
-                    members,
-                    seqs,
-                    rec.due_at(),
-                ),
+                _INSERT_ABSENT if each else _INSERT_MSG, _message_row(rec, members, seqs)
             )
             if cur.rowcount != 1:
                 return False  # each: the msg_id is taken (else IntegrityError was raised)
@@ -439,6 +385,36 @@ class SqliteCommits:
                 )
         except sqlite3.Error as exc:
             raise _translate(exc, self.db.path) from exc
+
+
+def _message_row(rec: MessageRecord, members: str, journal: str) -> tuple[Any, ...]:
+    """A new record's ``iq_messages`` values after ``seq``, in the table's column order."""
+    return (
+        rec.msg_id,
+        rec.queue,
+        rec.publisher,
+        rec.ordering_key,
+        rec.correlation_id,
+        rec.priority,
+        rec.mode,
+        json.dumps(rec.parents) if rec.parents else None,
+        rec.native_ref,
+        rec.content_type,
+        rec.size,
+        rec.created_at,
+        rec.expires_at,
+        rec.max_attempts,
+        rec.publisher_state,
+        int(rec.withdrawn),
+        rec.updated_at,
+        rec.lock_id,
+        rec.lock_owner,
+        rec.lock_until,
+        rec.version,
+        members,
+        journal,
+        rec.due_at(),
+    )
 
 
 def _ready_delta(
