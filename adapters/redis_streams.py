@@ -459,7 +459,10 @@ class RedisStreamsAdapter:
         want = max(count, self.read_ahead)
         slots = [(key, group, consumer) for group in groups]
         claiming: list[Any] = []
-        if claim is not None and record_prefix:
+        # Entries read ahead are claimed by the client, so this read's entries (later
+        # ones) are too, in the same commit: claimed apart, a client killed between the
+        # two commits would leave later messages claimed and earlier ones not.
+        if claim is not None and record_prefix and not head:
             claiming = self._claim_args(queue, record_prefix, claim, count)
 
         def read() -> Any:

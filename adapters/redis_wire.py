@@ -44,7 +44,9 @@ _H = "iq-h-"
 #: pending entries were read again to their end}.
 #:
 #: With a subscriber to claim for, the script also claims, among the first rows it
-#: returns, each entry of the subscriber's own group whose message is on the claim's
+#: returns and up to the first it cannot claim (an unbroken run, so a client killed
+#: before it claims the rest leaves no later message of a key claimed ahead of an
+#: earlier one), each entry of the subscriber's own group whose message is on the claim's
 #: common path (the member AVAILABLE and in no pool, the message REVEALED, not locked,
 #: without a time limit, past any retry delay, the entry its native ref): the member's
 #: row goes to the hash "ms:<msg_id>" (FETCHED, the token, owner and lease; the record
@@ -85,6 +87,11 @@ local cstate, csteps, ckey, rkey, dkey = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], 
   ARGV[a + 10]
 local available, revealed, mine = ARGV[a + 11], ARGV[a + 12], ARGV[a + 14]
 local claimed, jn, jgroups, jorder = 0, false, {}, {}
+-- Claims are one unbroken run of the rows: once a row of the subscriber's group is
+-- left to the client, no later row is claimed here (a client killed before its own
+-- claim must not leave later messages claimed and earlier ones not: the next holder
+-- hands claimed ones out again first, and a key's order would break).
+local cstop = false
 local NULL = cjson.null
 local function js(x)
   if x == NULL or x == nil then return 'null' end
@@ -197,7 +204,7 @@ for g = 1, ngroups do
                   over = redis.call('HGETALL', rp .. 'ms:' .. id)
                 end
                 rec = {f[1], f[2], f[3], f[4], f[5] or false, over}
-                if csub == group and #out < climit and f[3] == e[1] then
+                if csub == group and not cstop and #out < climit and f[3] == e[1] then
                   if how == 3 and #over > 0 then
                     -- Read again after a lost reply: claimed by that read, whose tokens
                     -- start with this client's prefix? Then it is this claim's.
@@ -218,8 +225,10 @@ for g = 1, ngroups do
               end
             end
             out[#out + 1] = {e[1], how, g, body, cjson.encode({f = meta, r = rec, t = token})}
+            if not token and csub == group then cstop = true end
           else
             out[#out + 1] = {e[1], how, g, fields}
+            if csub == group then cstop = true end
           end
           got = got + 1
         else

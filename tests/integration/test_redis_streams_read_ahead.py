@@ -147,3 +147,76 @@ def test_what_a_pool_member_read_ahead_is_offered_to_the_other_members(url: str)
             assert isinstance(adapter, RedisStreamsAdapter)
             adapter.flush()
         assert adapter.pending("orders", "workers") == {}
+
+
+class _Crash(Exception):
+    """Stands for a process killed in the middle of a get."""
+
+
+def _crash_before_client_claims(queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next claim the client makes itself (after the receive script ran) dies first."""
+
+    def die(*_args: Any, **_kwargs: Any) -> Any:
+        raise _Crash
+
+    monkeypatch.setattr(queue, "_accept_many", die)
+
+
+def _taken_over(url: str, ids: list[str]) -> list[str]:
+    """A new holder takes back what the dead one left and reads everything, in order."""
+    with iqbridge.connect(url) as hub:
+        queue = hub.queue("orders", lease=3600)
+        queue.reclaim("a")
+        got: list[str] = []
+        while batch := queue.get_many("a", 100):
+            got += [d.msg_id for d in batch]
+            for d in batch:
+                d.done()
+        assert sorted(got) == sorted(ids)
+        return got
+
+
+def test_a_get_killed_between_its_claims_keeps_key_order_read_ahead(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A get that hands out entries read ahead (not claimed yet) and reads more must not
+    have the later entries claimed apart from the earlier ones: killed between the two
+    claims, the next holder would hand the later ones out first (they come back through
+    the index, the earlier ones through the stream). Found by the bridge kill test."""
+    dead = iqbridge.connect(url)
+    try:
+        assert dead.colocated is not None
+        queue = dead.queue("orders", lease=3600)
+        queue.subscribe("a")
+        ids = queue.put_many([f"m{i}".encode() for i in range(40)], ordering_key="k")
+        first = queue.get("a")  # reads 15 more ahead, unclaimed
+        assert first is not None and first.msg_id == ids[0]
+        _crash_before_client_claims(queue, monkeypatch)
+        with pytest.raises(_Crash):
+            queue.get_many("a", 20)  # 15 read ahead + 5 read now
+        assert _taken_over(url, ids) == ids
+    finally:
+        monkeypatch.undo()
+        dead.adapter.close()
+
+
+def test_a_get_killed_between_its_claims_keeps_key_order_off_the_common_path(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receive script claims only an unbroken run of its rows: one it leaves to the
+    client (here a message with a time limit) ends the run, so a get killed before the
+    client's claim leaves nothing after it claimed."""
+    dead = iqbridge.connect(url)
+    try:
+        queue = dead.queue("orders", lease=3600)
+        queue.subscribe("a")
+        ids = queue.put_many([f"m{i}".encode() for i in range(3)], ordering_key="k")
+        ids += queue.put_many([b"m3"], ordering_key="k", ttl=3600)
+        ids += queue.put_many([f"m{i}".encode() for i in range(4, 10)], ordering_key="k")
+        _crash_before_client_claims(queue, monkeypatch)
+        with pytest.raises(_Crash):
+            queue.get_many("a", 10)
+        assert _taken_over(url, ids) == ids
+    finally:
+        monkeypatch.undo()
+        dead.adapter.close()
