@@ -290,14 +290,17 @@ def results(
         if item.name.startswith(f"test_{name}")
     ]
     out: dict[str, Result | BaseException] = {}
+    # Made here, not in the threads: the first mktemp of a session also makes the
+    # session's base directory, and four threads at once would each make one.
+    dirs = {name: tmp_path_factory.mktemp(name) for name in dict.fromkeys(wanted)}
 
     def one(name: str) -> None:
         try:
-            out[name] = SCENARIOS[name](tmp_path_factory.mktemp(name))
+            out[name] = SCENARIOS[name](dirs[name])
         except BaseException as exc:  # reported by the scenario's own test
             out[name] = exc
 
-    threads = [threading.Thread(target=one, args=(n,)) for n in dict.fromkeys(wanted)]
+    threads = [threading.Thread(target=one, args=(n,)) for n in dirs]
     for t in threads:
         t.start()
     for t in threads:
