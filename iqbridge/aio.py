@@ -275,9 +275,9 @@ class AsyncBatch:
         """See :meth:`Batch.in_process`."""
         await asyncio.to_thread(self.sync.in_process)
 
-    async def renew(self, lease: float | None = None) -> Settled:
+    async def renew(self, lease: float | None = None, *, within: float | None = None) -> Settled:
         """See :meth:`Batch.renew`."""
-        return await asyncio.to_thread(self.sync.renew, lease)
+        return await asyncio.to_thread(functools.partial(self.sync.renew, lease, within=within))
 
     async def __aenter__(self) -> AsyncBatch:
         await self.in_process()

@@ -38,11 +38,18 @@ if TYPE_CHECKING:
 __all__ = ["Batch", "Settled"]
 
 
+class _Clock(Protocol):
+    def now_us(self) -> int: ...
+
+
 class BatchMover(Protocol):
     """What a batch needs of its queue (the queue's settling part)."""
 
     name: str
     retry: RetryPolicy
+
+    @property
+    def hub(self) -> _Clock: ...
 
     def _settle_many(
         self,
@@ -157,11 +164,20 @@ class Batch(Sequence[Delivery]):
         if moves:
             self._queue._settle_many(moves)
 
-    def renew(self, lease: float | None = None) -> Settled:
+    def renew(self, lease: float | None = None, *, within: float | None = None) -> Settled:
         """Extend every held delivery's lease by ``lease`` seconds from now (default: the
-        queue's), in one index commit."""
+        queue's), in one index commit.
+
+        ``within``: only the deliveries whose lease runs out within that many seconds
+        (or whose lease is not known): a heartbeat that renews what has used up half its
+        lease writes nothing for deliveries it will soon settle anyway, and does not race
+        their settle."""
         to_seconds(lease, "lease", positive=True)
-        moves = [(d, Move("renew", lease=lease)) for _, d in self._held()]
+        held = [d for _, d in self._held()]
+        if within is not None:
+            horizon = self._queue.hub.now_us() + int(seconds(within, "within") * 1_000_000)
+            held = [d for d in held if (d.lease_until_us or 0) <= horizon]
+        moves = [(d, Move("renew", lease=lease)) for d in held]
         result = self._queue._settle_many(moves) if moves else Settled()
         self._lost.update(result.lost)
         return result

@@ -11,7 +11,7 @@ from iqbridge.model import Envelope, MessageRecord, from_micros
 from iqbridge.moves import after_failure
 from iqbridge.observability import tracing
 from iqbridge.payload import decode
-from iqbridge.states import SubscriberState
+from iqbridge.states import IN_DOUBT, SubscriberState
 
 if TYPE_CHECKING:
     from iqbridge.engine import Change
@@ -183,6 +183,21 @@ class Delivery:
     def queue(self) -> str:
         """The queue's name."""
         return self._queue.name
+
+    @property
+    def lease_until(self) -> datetime | None:
+        """When this delivery's lease runs out (UTC), as of its last move; None when it
+        has no lease (or is no longer held)."""
+        us = self.lease_until_us
+        return None if us is None else from_micros(us)
+
+    @property
+    def lease_until_us(self) -> int | None:
+        """:attr:`lease_until` in microseconds since the epoch, on the hub's clock."""
+        if self._record is None or self.state not in IN_DOUBT:
+            return None
+        member = self._record.members.get(self.subscriber)
+        return None if member is None else member.lease_until
 
     @property
     def confirm_id(self) -> str:

@@ -565,7 +565,9 @@ class RouteRunner:
         with self._lock:
             held = list(self._held.values())
         if held:
-            settled = Batch(self.src, held).renew(self.route.lease)
+            # Only what has used up half its lease: most deliveries are settled long
+            # before, and a renew of one racing its settle costs the settle a retry.
+            settled = Batch(self.src, held).renew(self.route.lease, within=self.route.lease / 2)
             with self._lock:  # settled meanwhile is not lost
                 lost = [
                     m

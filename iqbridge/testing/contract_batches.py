@@ -276,6 +276,28 @@ class BatchTests(ContractBase):
         assert q.get("a") is None  # still held: renewed at 8 s for 10 s
         assert batch.done().done == batch.msg_ids
 
+    def test_batch_renew_within_extends_only_the_leases_running_out(
+        self, q: Queue, clock: FakeClock
+    ) -> None:
+        """A heartbeat's renew: only the leases that run out within ``within`` seconds
+        are extended; the others are left as they are (no write)."""
+        q.put_many([b"1", b"2"], to=["a"])
+        old = grab(q, "a", 1, lease=10)
+        clock.advance(6)
+        young = grab(q, "a", 1, lease=10)
+        both = Batch(q, [*old, *young])
+        before = young[0].lease_until
+        assert before is not None and old[0].lease_until is not None
+        assert old[0].lease_until < before
+        renewed = both.renew(12, within=5)  # old: 4 s left; young: 10 s left
+        assert renewed.lost == {}
+        assert young[0].lease_until == before
+        assert old[0].lease_until is not None and old[0].lease_until > before
+        clock.advance(8)  # 14 s: old renewed at 6 s until 18 s; young held until 16 s
+        assert q.get("a") is None
+        assert both.done().done == both.msg_ids
+        assert old[0].lease_until is None  # no longer held
+
     # --- round trips ------------------------------------------------------------------
 
     def _round_trips(self, hub: Hub, work: Callable[[], object]) -> tuple[int, int]:
