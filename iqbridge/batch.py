@@ -35,28 +35,23 @@ from iqbridge.states import IN_DOUBT, SubscriberState
 if TYPE_CHECKING:
     from iqbridge.retry import RetryPolicy
 
-__all__ = ["Batch", "Settled"]
+__all__ = ["Batch", "BatchQueue", "Settled"]
 
 
 class _Clock(Protocol):
     def now_us(self) -> int: ...
 
 
-class BatchMover(Protocol):
-    """What a batch needs of its queue (the queue's settling part)."""
+class BatchQueue(Protocol):
+    """What a batch needs of its queue: its name, retry policy and clock (the moves go
+    through the part that moves its deliveries, :attr:`Delivery.mover
+    <iqbridge.delivery.Delivery.mover>`)."""
 
     name: str
     retry: RetryPolicy
 
     @property
     def hub(self) -> _Clock: ...
-
-    def _settle_many(
-        self,
-        moves: Sequence[tuple[Delivery, Move]],
-        transaction: object = None,
-        partial: bool = False,
-    ) -> Settled: ...
 
 
 class Batch(Sequence[Delivery]):
@@ -71,7 +66,7 @@ class Batch(Sequence[Delivery]):
 
     __slots__ = ("_deliveries", "_lost", "_outcomes", "_position", "_queue", "_span")
 
-    def __init__(self, queue: BatchMover, deliveries: Sequence[Delivery]) -> None:
+    def __init__(self, queue: BatchQueue, deliveries: Sequence[Delivery]) -> None:
         self._queue = queue
         self._deliveries = list(deliveries)
         self._position = {id(d): i for i, d in enumerate(self._deliveries)}
@@ -142,15 +137,25 @@ class Batch(Sequence[Delivery]):
         moves = [(d, self._outcomes.get(i, DONE)) for i, d in self._held()]
         try:
             with tracing.settle_batch(self._queue, moves):
-                result = (
-                    self._queue._settle_many(moves, transaction, partial) if moves else Settled()
-                )
+                result = self._settle(moves, transaction, partial)
         except BatchLeaseLost as exc:
             self._lost.update(exc.lost)
             raise
         self._lost.update(result.lost)
         self._outcomes.clear()
         return result
+
+    @staticmethod
+    def _settle(
+        moves: Sequence[tuple[Delivery, Move]], transaction: object = None, partial: bool = False
+    ) -> Settled:
+        """Make the moves through the part that moves the deliveries, in one commit."""
+        if not moves:
+            return Settled()
+        mover = moves[0][0].mover
+        if any(d.mover is not mover for d, _ in moves):
+            raise InvalidArgument("a batch settles deliveries of one queue; make one per queue")
+        return mover.settle_many([(d.hold, m) for d, m in moves], transaction, partial)
 
     def _held(self) -> Iterator[tuple[int, Delivery]]:
         """The deliveries (with their positions) this batch may still move."""
@@ -162,7 +167,7 @@ class Batch(Sequence[Delivery]):
         """Every FETCHED delivery -> IN_PROCESS, in one index commit."""
         moves = [(d, PROCESS) for d in self._deliveries if d.state is SubscriberState.FETCHED]
         if moves:
-            self._queue._settle_many(moves)
+            self._settle(moves)
 
     def renew(self, lease: float | None = None, *, within: float | None = None) -> Settled:
         """Extend every held delivery's lease by ``lease`` seconds from now (default: the
@@ -178,7 +183,7 @@ class Batch(Sequence[Delivery]):
             horizon = self._queue.hub.now_us() + int(seconds(within, "within") * 1_000_000)
             held = [d for d in held if (d.lease_until_us or 0) <= horizon]
         moves = [(d, Move("renew", lease=lease)) for d in held]
-        result = self._queue._settle_many(moves) if moves else Settled()
+        result = self._settle(moves)
         self._lost.update(result.lost)
         return result
 

@@ -2,71 +2,50 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from iqbridge.holding import Hold
 from iqbridge.model import Envelope, MessageRecord, from_micros
-from iqbridge.moves import after_failure
+from iqbridge.moves import DONE, PROCESS, Move, after_failure
 from iqbridge.observability import tracing
 from iqbridge.payload import decode
 from iqbridge.states import IN_DOUBT, SubscriberState
 
 if TYPE_CHECKING:
-    from iqbridge.engine import Change
     from iqbridge.retry import RetryPolicy
+    from iqbridge.settling import Settled
 
 __all__ = ["Delivery", "Mover"]
 
 
 class Mover(Protocol):
-    """What a delivery needs of its queue to move (the queue's settling part)."""
+    """What a delivery and a batch need of their queue's settling part."""
 
     name: str
     retry: RetryPolicy
 
-    def _process(
-        self, msg_id: str, subscriber: str, token: str, hint: MessageRecord | None = None
-    ) -> Change: ...
+    @property
+    def hub(self) -> _Clock: ...
 
-    def _done(
+    def move(self, hold: Hold, move: Move, transaction: object = None) -> None:
+        """Make ``move`` of ``hold`` (in ``transaction``, for a DONE)."""
+        ...
+
+    def settle_many(
         self,
-        msg_id: str,
-        subscriber: str,
-        token: str | None,
-        hint: MessageRecord | None = None,
+        moves: Sequence[tuple[Hold, Move]],
         transaction: object = None,
-        delivery: Delivery | None = None,
-    ) -> Change: ...
+        partial: bool = False,
+    ) -> Settled:
+        """Make many holds' moves in one index commit."""
+        ...
 
-    def _unusable(
-        self,
-        msg_id: str,
-        subscriber: str,
-        token: str | None,
-        reason: str,
-        hint: MessageRecord | None = None,
-    ) -> Change: ...
 
-    def _release(
-        self,
-        msg_id: str,
-        subscriber: str,
-        token: str | None,
-        reason: str,
-        delay: float,
-        hint: MessageRecord | None = None,
-    ) -> Change: ...
-
-    def _renew(
-        self,
-        msg_id: str,
-        subscriber: str,
-        token: str,
-        lease: float | None,
-        hint: MessageRecord | None = None,
-    ) -> Change: ...
+class _Clock(Protocol):
+    def now_us(self) -> int: ...
 
 
 _UNSET: Any = object()
@@ -88,21 +67,19 @@ class Delivery:
 
     __slots__ = (
         "_envelope",
+        "_mover",
         "_payload",
-        "_queue",
-        "_record",
         "_span",
-        "_token",
         "attempt",
+        "hold",
         "max_attempts",
         "msg_id",
-        "state",
         "subscriber",
     )
 
     def __init__(
         self,
-        queue: Mover,
+        mover: Mover,
         envelope: Envelope,
         subscriber: str,
         token: str,
@@ -110,17 +87,26 @@ class Delivery:
         max_attempts: int,
         record: MessageRecord | None = None,
     ) -> None:
-        self._queue = queue
-        self._record = record
+        self._mover = mover
         self._envelope = envelope
-        self._token = token
         self._payload: Any = _UNSET
         self.msg_id = envelope.msg_id
         self.subscriber = subscriber
         self.attempt = attempt
         self.max_attempts = max_attempts
-        self.state: SubscriberState = SubscriberState.FETCHED
+        #: The claim behind this delivery (what the queue moves; iqbridge's own).
+        self.hold = Hold(envelope.msg_id, subscriber, token, record)
         self._span: tracing.Open | None = None
+
+    @property
+    def state(self) -> SubscriberState:
+        """The last state this delivery moved to."""
+        return self.hold.state
+
+    @property
+    def mover(self) -> Mover:
+        """The queue part that moves this delivery (iqbridge's own; a batch uses it)."""
+        return self._mover
 
     # --- what was delivered -----------------------------------------------------------
 
@@ -182,7 +168,7 @@ class Delivery:
     @property
     def queue(self) -> str:
         """The queue's name."""
-        return self._queue.name
+        return self._mover.name
 
     @property
     def lease_until(self) -> datetime | None:
@@ -194,21 +180,22 @@ class Delivery:
     @property
     def lease_until_us(self) -> int | None:
         """:attr:`lease_until` in microseconds since the epoch, on the hub's clock."""
-        if self._record is None or self.state not in IN_DOUBT:
+        rec = self.hold.record
+        if rec is None or self.state not in IN_DOUBT:
             return None
-        member = self._record.members.get(self.subscriber)
+        member = rec.members.get(self.subscriber)
         return None if member is None else member.lease_until
 
     @property
     def confirm_id(self) -> str:
         """The id that confirm_get and undo take, usable from any process."""
-        return f"{self.msg_id}/{self.subscriber}/{self._token}"
+        return f"{self.msg_id}/{self.subscriber}/{self.hold.token}"
 
     # --- moves ------------------------------------------------------------------------
 
     def in_process(self) -> None:
         """FETCHED -> IN_PROCESS."""
-        self._moved(self._queue._process(self.msg_id, self.subscriber, self._token, self._record))
+        self._mover.move(self.hold, PROCESS)
 
     def done(self, transaction: object = None) -> None:
         """-> DONE (and JOURNALLED): never delivered to this subscriber again.
@@ -218,46 +205,24 @@ class Delivery:
         written in that transaction and commits or rolls back with your own rows
         (exactly-once); until it commits the delivery stays held under its lease.
         """
-        self._moved(
-            self._queue._done(
-                self.msg_id, self.subscriber, self._token, self._record, transaction, self
-            )
-        )
+        self._mover.move(self.hold, DONE, transaction)
 
     def unusable(self, reason: str) -> None:
         """-> UNUSABLE (and JOURNALLED) with the reason; the publisher may re-reveal it."""
-        self._moved(
-            self._queue._unusable(self.msg_id, self.subscriber, self._token, reason, self._record)
-        )
+        self._mover.move(self.hold, Move("unusable", reason=reason))
 
     def release(self, delay: float = 0.0, reason: str = "released") -> None:
         """Give it back: AVAILABLE again after ``delay`` seconds, attempt + 1."""
-        self._moved(
-            self._queue._release(
-                self.msg_id, self.subscriber, self._token, reason, delay, self._record
-            )
-        )
+        self._mover.move(self.hold, Move("release", reason=reason, delay=delay))
 
     def renew(self, lease: float | None = None) -> None:
         """Extend the lease by ``lease`` seconds from now (default: the queue's lease)."""
-        self._moved(
-            self._queue._renew(self.msg_id, self.subscriber, self._token, lease, self._record)
-        )
-
-    def _moved(self, change: Change) -> None:
-        self._settled(change.record)
-
-    def _settled(self, record: MessageRecord) -> None:
-        """The delivery's message is now ``record``: its state follows."""
-        self._record = record
-        state = record.members[self.subscriber].state
-        if state is not None:
-            self.state = state
+        self._mover.move(self.hold, Move("renew", lease=lease))
 
     def __enter__(self) -> Delivery:
         self.in_process()
         self._span = tracing.begin(
-            self._queue,
+            self._mover,
             self.subscriber,
             msg_id=self.msg_id,
             correlation_id=self.correlation_id,
@@ -275,7 +240,7 @@ class Delivery:
             if exc is None:
                 self.done()
                 return
-            move = after_failure(self._queue.retry, exc, self.attempt, self.max_attempts)
+            move = after_failure(self._mover.retry, exc, self.attempt, self.max_attempts)
             if move.kind == "unusable":
                 self.unusable(move.reason)
             else:

@@ -20,7 +20,7 @@ from iqbridge.ids import adopted_id, new_token
 from iqbridge.model import Audience, MessageRecord, Received, Retained, check_name
 from iqbridge.observability import tracing
 from iqbridge.putting import SEND_FIRST_WINDOW
-from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH
+from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH, Part, QueueCore
 from iqbridge.redaction import get_logger
 from iqbridge.settling import Settling
 from iqbridge.states import IN_DOUBT, TERMINAL, SubscriberState
@@ -40,12 +40,19 @@ __all__ = ["Getting"]
 log = get_logger("iqbridge")
 
 
-class Getting(Settling, Housekeeping):
+class Getting(Part):
     """The subscriber side: get a delivery, from the index (index-driven brokers,
     redeliveries, browse locks) or from the broker's consumer groups, resolved against
     the index (claim, once-only skip, adoption of strangers' messages).
 
-    One part of :class:`~iqbridge.queue.Queue`."""
+    One part of :class:`~iqbridge.queue.Queue`; its deliveries move through the
+    settling part, and the housekeeping part sweeps what lapsed on its schedule."""
+
+    def __init__(self, core: QueueCore, settling: Settling, housekeeping: Housekeeping) -> None:
+        super().__init__(core)
+        self._settling = settling
+        self._housekeeping = housekeeping
+        self._next_sweep = 0.0
 
     def get(
         self,
@@ -89,7 +96,7 @@ class Getting(Settling, Housekeeping):
         """
         if not isinstance(max, int) or isinstance(max, bool) or max < 1:
             raise InvalidArgument(f"max must be a positive int, got {max!r}")
-        return Batch(self, self._get(subscriber, max, timeout, False, lease, lock_id))
+        return Batch(self._settling, self._get(subscriber, max, timeout, False, lease, lock_id))
 
     @tracing.traced_get
     def _get(
@@ -139,7 +146,7 @@ class Getting(Settling, Housekeeping):
         sweep = time.monotonic() >= self._next_sweep
         if sweep:
             self._next_sweep = time.monotonic() + self.sweep_interval
-            self.recover(limit=200)
+            self._housekeeping.recover(limit=200)
         owner = f"{subscriber}@{self.hub.client_id}"
         # A lease runs from its claim's commit, not from here: a broker read can be slow
         # (a consumer group joining), and a lease that lapsed before the claim was made
@@ -341,7 +348,9 @@ class Getting(Settling, Housekeeping):
                 self._wake(claimed)  # the lock is gone for the other members too
             attempt = claimed.members[subscriber].attempt
             out.append(
-                Delivery(self, env, subscriber, token, attempt, before.max_attempts, claimed)
+                Delivery(
+                    self._settling, env, subscriber, token, attempt, before.max_attempts, claimed
+                )
             )
         return out
 
@@ -485,7 +494,13 @@ class Getting(Settling, Housekeeping):
             after = next(common)[1]
             m = after.members[subscriber]
             got[received.native_ref] = Delivery(
-                self, received.envelope, subscriber, token, m.attempt, after.max_attempts, after
+                self._settling,
+                received.envelope,
+                subscriber,
+                token,
+                m.attempt,
+                after.max_attempts,
+                after,
             )
         if stray:
             known = self._store.load_many([r.envelope.msg_id for r, _ in stray])
@@ -500,7 +515,7 @@ class Getting(Settling, Housekeeping):
                     )
                     continue
                 got[received.native_ref] = Delivery(
-                    self,
+                    self._settling,
                     received.envelope,
                     subscriber,
                     token,
@@ -699,7 +714,7 @@ class Getting(Settling, Housekeeping):
             self._broker_call(lambda: self._adapter.ack(self.name, group, [ref]))
         m = rec.members[subscriber]
         return Delivery(
-            self, received.envelope, subscriber, token, m.attempt, rec.max_attempts, rec
+            self._settling, received.envelope, subscriber, token, m.attempt, rec.max_attempts, rec
         )
 
     @staticmethod

@@ -13,7 +13,7 @@ from iqbridge.adapter import TakesOver
 from iqbridge.durations import seconds
 from iqbridge.errors import InvalidArgument, MessageNotFound
 from iqbridge.model import MessageRecord, to_micros
-from iqbridge.queue_core import QueueCore
+from iqbridge.queue_core import Part
 from iqbridge.redaction import get_logger
 from iqbridge.states import PublisherState
 from iqbridge.stores.base import PurgedMessage
@@ -30,7 +30,7 @@ log = get_logger("iqbridge")
 _PURGE_PAGE = 1000
 
 
-class Housekeeping(QueueCore):
+class Housekeeping(Part):
     """What time has made due (leases, time limits, locks), and purge.
 
     One part of :class:`~iqbridge.queue.Queue`."""

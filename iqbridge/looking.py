@@ -28,7 +28,7 @@ from iqbridge.model import (
     from_micros,
     tally,
 )
-from iqbridge.queue_core import QueueCore
+from iqbridge.queue_core import Part
 from iqbridge.redaction import get_logger
 from iqbridge.states import ActorKind, PublisherState, SubscriberState
 from iqbridge.stores.base import Counting
@@ -50,7 +50,7 @@ __all__ = ["Looking"]
 log = get_logger("iqbridge")
 
 
-class Looking(QueueCore):
+class Looking(Part):
     """Looking without getting: state, search, peek, and browse with lock.
 
     One part of :class:`~iqbridge.queue.Queue`."""
@@ -97,7 +97,7 @@ class Looking(QueueCore):
             journal=tuple(journal),
         )
 
-    def search(self, flt: Filter | None = None, **criteria: object) -> list[MessageSummary]:
+    def search(self, /, flt: Filter | None = None, **criteria: object) -> list[MessageSummary]:
         """Messages matching a :class:`~iqbridge.model.Filter` (or its fields as keywords),
         answered from the index without reading payloads."""
         if flt is None:
@@ -131,6 +131,7 @@ class Looking(QueueCore):
 
     def browse(
         self,
+        /,
         flt: Filter | None = None,
         *,
         lock: bool = False,

@@ -24,7 +24,7 @@ from iqbridge.ids import new_id
 from iqbridge.model import Audience, Envelope, MessageRecord, Retained, check_name, check_text
 from iqbridge.observability import tracing
 from iqbridge.payload import encode
-from iqbridge.queue_core import CAS_ATTEMPTS
+from iqbridge.queue_core import CAS_ATTEMPTS, Part, QueueCore
 from iqbridge.redaction import get_logger
 from iqbridge.stores.base import StaleRecord
 from iqbridge.subscribing import AudienceSpec, Subscribing
@@ -112,11 +112,16 @@ SEND_FIRST_WINDOW = 60.0
 log = get_logger("iqbridge")
 
 
-class Putting(Subscribing):
+class Putting(Part):
     """The publisher side: put and put_many (idempotent with msg_ids), confirm_put,
     reveal and withdraw.
 
-    One part of :class:`~iqbridge.queue.Queue`."""
+    One part of :class:`~iqbridge.queue.Queue`; a put's audience comes from the
+    subscribing part."""
+
+    def __init__(self, core: QueueCore, subscribing: Subscribing) -> None:
+        super().__init__(core)
+        self._subscribing = subscribing
 
     def put(
         self,
@@ -253,7 +258,7 @@ class Putting(Subscribing):
         confirm: bool,
     ) -> list[str]:
         ids = self._check_ids(msg_ids, len(pairs)) if msg_ids is not None else None
-        audience = self._audience(to)
+        audience = self._subscribing.audience(to)
         now = self._now()
         limit = min(self.max_bytes, self._adapter.capabilities.max_payload_bytes)
         envelopes: list[Envelope] = []

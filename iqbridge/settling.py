@@ -8,24 +8,21 @@ import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from iqbridge import engine, engine_batch
 from iqbridge.adapter import AcksInTransaction
 from iqbridge.durations import seconds, to_seconds
 from iqbridge.engine import Change
 from iqbridge.errors import BatchLeaseLost, IllegalTransition, InvalidArgument, IQError
+from iqbridge.holding import Hold
 from iqbridge.model import MessageRecord
-from iqbridge.moves import DONE, PROCESS, Move
+from iqbridge.moves import DONE, Move
 from iqbridge.observability import tracing
-from iqbridge.queue_core import QueueCore
+from iqbridge.queue_core import Part
 from iqbridge.redaction import get_logger
 from iqbridge.states import IN_DOUBT, PublisherState
 from iqbridge.transaction import Binding, Transaction, driver_connection, join
 from iqbridge.writes import Writes
-
-if TYPE_CHECKING:
-    from iqbridge.delivery import Delivery
 
 __all__ = ["Move", "Settled", "Settling"]
 
@@ -45,7 +42,7 @@ class Settled:
     lost: dict[str, str] = field(default_factory=dict)
 
 
-class Settling(QueueCore):
+class Settling(Part):
     """A delivery's moves (in process, done, unusable, release, renew), one by one or
     for a batch at once, confirm_get, undo, and transactions of the application's
     database.
@@ -162,29 +159,30 @@ class Settling(QueueCore):
         if rest:
             binding.after_commit(lambda: self._tell_broker(rest))
 
-    def _settle_many(
+    def settle_many(
         self,
-        moves: Sequence[tuple[Delivery, Move]],
+        moves: Sequence[tuple[Hold, Move]],
         transaction: object = None,
         partial: bool = False,
     ) -> Settled:
-        """Move many held deliveries in one index commit and one broker acknowledgement
-        per group. A move whose compare-and-set fails (another move of the message came
-        first) is made again on a fresh read; one that cannot be made (its lease was taken
-        over) is reported in ``Settled.lost`` and changes nothing. Deliveries no longer
-        held (moved alone already) are skipped. In the application's ``transaction``, a
-        lost one raises BatchLeaseLost (before any delivery or the broker is told of the
-        moves, which the caller's rollback undoes) unless ``partial``."""
+        """Move many held deliveries (their holds) in one index commit and one broker
+        acknowledgement per group. A move whose compare-and-set fails (another move of
+        the message came first) is made again on a fresh read; one that cannot be made
+        (its lease was taken over) is reported in ``Settled.lost`` and changes nothing.
+        Deliveries no longer held (moved alone already) are skipped. In the
+        application's ``transaction``, a lost one raises BatchLeaseLost (before any
+        delivery or the broker is told of the moves, which the caller's rollback undoes)
+        unless ``partial``."""
         result = Settled()
         held = [(d, move) for d, move in moves if d.state in IN_DOUBT]
         writes = Writes(self.name)
         # Per position in writes.moved / writes.changes: the delivery and its move.
-        batched: list[tuple[Delivery, Move]] = []
-        single: list[tuple[Delivery, Move]] = []
-        retry: list[tuple[Delivery, Move]] = []
+        batched: list[tuple[Hold, Move]] = []
+        single: list[tuple[Hold, Move]] = []
+        retry: list[tuple[Hold, Move]] = []
         self._plan_settles(held, writes, batched, single, retry)
         store = self._store
-        moved: list[tuple[Delivery, Move, MessageRecord]] = []
+        moved: list[tuple[Hold, Move, MessageRecord]] = []
         binding: Binding | None = None
         with contextlib.ExitStack() as stack:
             if transaction is not None:
@@ -210,7 +208,7 @@ class Settling(QueueCore):
                     retry.append((d, move))
             for d, move in retry:
                 try:
-                    again = self._apply(d.msg_id, self._op(move, d.subscriber, d._token))
+                    again = self._apply(d.msg_id, self._op(move, d.subscriber, d.token))
                 except IQError as exc:
                     result.lost[d.msg_id] = str(exc)
                     continue
@@ -222,7 +220,7 @@ class Settling(QueueCore):
             raise BatchLeaseLost(moves[0][0].subscriber, result.lost)
         for d, move, rec in moved:
             self._note_redeliveries(rec)
-            d._settled(rec)
+            d.settled(rec)
             if move.kind == "done":
                 result.done.append(d.msg_id)
             elif move.kind == "unusable":
@@ -238,21 +236,21 @@ class Settling(QueueCore):
 
     def _plan_settles(
         self,
-        held: Sequence[tuple[Delivery, Move]],
+        held: Sequence[tuple[Hold, Move]],
         writes: Writes,
-        batched: list[tuple[Delivery, Move]],
-        single: list[tuple[Delivery, Move]],
-        retry: list[tuple[Delivery, Move]],
+        batched: list[tuple[Hold, Move]],
+        single: list[tuple[Hold, Move]],
+        retry: list[tuple[Hold, Move]],
     ) -> None:
         """Decide the moves of held deliveries into ``writes``: done and process of each
         subscriber's deliveries in one pass of the batch engine (``batched``, in the
         order of ``writes.moved``), the others one at a time (``single``, in the order of
         ``writes.changes``); a delivery whose record is stale or missing goes to
         ``retry``, to be moved on a fresh read."""
-        common: dict[tuple[str, str], list[tuple[Delivery, Move, MessageRecord]]] = {}
-        rest: list[tuple[Delivery, Move]] = []
+        common: dict[tuple[str, str], list[tuple[Hold, Move, MessageRecord]]] = {}
+        rest: list[tuple[Hold, Move]] = []
         for d, move in held:
-            rec = d._record
+            rec = d.record
             if rec is None:
                 retry.append((d, move))
             elif move.kind in ("done", "process"):
@@ -264,7 +262,7 @@ class Settling(QueueCore):
             moved, journal, off = engine_batch.settle(
                 [rec for _, _, rec in group],
                 subscriber,
-                [d._token for d, _, _ in group],
+                [d.token for d, _, _ in group],
                 kind,
                 now,
                 auto_journal=self.auto_journal,
@@ -275,58 +273,64 @@ class Settling(QueueCore):
             batched += [(d, m) for i, (d, m, _) in enumerate(group) if i not in skip]
             rest += [(group[i][0], group[i][1]) for i in off]
         for d, move in rest:
+            if d.record is None:
+                retry.append((d, move))
+                continue
             try:
-                change = self._op(move, d.subscriber, d._token)(d._record)  # type: ignore[arg-type]
+                change = self._op(move, d.subscriber, d.token)(d.record)
             except IQError:
                 retry.append((d, move))  # the delivery's record is stale: read it anew
                 continue
             writes.changes.append(change)
             single.append((d, move))
 
-    def _process(
-        self, msg_id: str, subscriber: str, token: str, hint: MessageRecord | None = None
-    ) -> Change:
-        return self._move(msg_id, subscriber, token, PROCESS, hint)
+    def move(self, hold: Hold, move: Move, transaction: object = None) -> None:
+        """Make one move of a held delivery, committed (retrying a lost race on a fresh
+        read), then told to the broker; the hold follows. A DONE may be made in the
+        application's ``transaction``: it commits (or not) with the application's rows,
+        and the broker hears of it only after the commit."""
+        kind = move.kind
+        if kind == "release":
+            seconds(move.delay, "delay")
+        elif kind == "renew":
+            to_seconds(move.lease, "lease", positive=True)
+        if kind in ("process", "renew"):
+            change = self._move(hold.msg_id, hold.subscriber, hold.token, move, hold.record)
+        else:
+            with tracing.settle(kind, self, hold.msg_id, hold.subscriber, hold.record):
+                if transaction is None or kind != "done":
+                    change = self._move(hold.msg_id, hold.subscriber, hold.token, move, hold.record)
+                else:
+                    change = self._done_in(hold, transaction)
+        hold.settled(change.record)
 
-    def _done(
-        self,
-        msg_id: str,
-        subscriber: str,
-        token: str | None,
-        hint: MessageRecord | None = None,
-        transaction: object = None,
-        delivery: Delivery | None = None,
-    ) -> Change:
-        with tracing.settle("done", self, msg_id, subscriber, hint):
-            if transaction is None:
-                return self._move(msg_id, subscriber, token, DONE, hint)
-            # In the application's transaction: DONE commits (or not) with its rows, and
-            # the broker hears of it only after the commit.
-            with join(self._store, transaction) as binding:
-                change = self._apply(msg_id, self._op(DONE, subscriber, token), hint)
-                assert change is not None
-                if delivery is not None:
-                    self._undo_on_rollback(binding, [delivery])
-            self._tell_after_commit(binding, transaction, [(change.record, subscriber, DONE)])
-            return change
+    def _done_in(self, hold: Hold, transaction: object) -> Change:
+        with join(self._store, transaction) as binding:
+            change = self._apply(
+                hold.msg_id, self._op(DONE, hold.subscriber, hold.token), hold.record
+            )
+            assert change is not None
+            self._undo_on_rollback(binding, [hold])
+        self._tell_after_commit(binding, transaction, [(change.record, hold.subscriber, DONE)])
+        return change
 
-    def _undo_on_rollback(self, binding: Binding, deliveries: Sequence[Delivery]) -> None:
+    def _undo_on_rollback(self, binding: Binding, deliveries: Sequence[Hold]) -> None:
         """If the application's transaction rolls back, ``deliveries`` (about to be moved
         in it) take back their state from before: still held. If it rolled back because
         its commit failed, a commit cut short may have taken effect all the same: then
         they take what the index holds."""
-        before = [(d, d._record, d.state) for d in deliveries]
+        before = [(d, d.record, d.state) for d in deliveries]
         tx = binding.tx
 
         def undo() -> None:
             for d, rec, state in before:
-                d._record, d.state = rec, state
+                d.record, d.state = rec, state
             if tx is not None and tx.commit_failed:
                 self._resync(deliveries)
 
         binding.on_rollback(undo)
 
-    def _resync(self, deliveries: Sequence[Delivery]) -> None:
+    def _resync(self, deliveries: Sequence[Hold]) -> None:
         """Each delivery takes its subscriber's state from the index (when it answers)."""
         try:
             records = self._store.load_many([d.msg_id for d in deliveries])
@@ -340,9 +344,9 @@ class Settling(QueueCore):
                 rec is not None
                 and member is not None
                 and member.state is not None
-                and (member.state not in IN_DOUBT or member.lease_token == d._token)
+                and (member.state not in IN_DOUBT or member.lease_token == d.token)
             ):
-                d._record, d.state = rec, member.state
+                d.record, d.state = rec, member.state
 
     def transaction(self, connection: object) -> Transaction:
         """A transaction of your own database for :meth:`Delivery.done(transaction=...)
@@ -356,43 +360,6 @@ class Settling(QueueCore):
         """
         return Transaction(self._store, connection)
 
-    def _unusable(
-        self,
-        msg_id: str,
-        subscriber: str,
-        token: str | None,
-        reason: str,
-        hint: MessageRecord | None = None,
-    ) -> Change:
-        with tracing.settle("unusable", self, msg_id, subscriber, hint):
-            return self._move(msg_id, subscriber, token, Move("unusable", reason=reason), hint)
-
-    def _release(
-        self,
-        msg_id: str,
-        subscriber: str,
-        token: str | None,
-        reason: str,
-        delay: float,
-        hint: MessageRecord | None = None,
-    ) -> Change:
-        seconds(delay, "delay")
-        with tracing.settle("release", self, msg_id, subscriber, hint):
-            return self._move(
-                msg_id, subscriber, token, Move("release", reason=reason, delay=delay), hint
-            )
-
-    def _renew(
-        self,
-        msg_id: str,
-        subscriber: str,
-        token: str,
-        lease: float | None,
-        hint: MessageRecord | None = None,
-    ) -> Change:
-        to_seconds(lease, "lease", positive=True)
-        return self._move(msg_id, subscriber, token, Move("renew", lease=lease), hint)
-
     @staticmethod
     def _parse_confirm(confirm_id: str) -> tuple[str, str, str]:
         parts = confirm_id.split("/")
@@ -405,13 +372,13 @@ class Settling(QueueCore):
     def confirm_get(self, confirm_id: str) -> None:
         """Finish a held get (``delivery.confirm_id``): -> DONE, from any process."""
         msg_id, subscriber, token = self._parse_confirm(confirm_id)
-        self._done(msg_id, subscriber, token)
+        self.move(Hold(msg_id, subscriber, token), DONE)
 
     def undo(self, confirm_id: str) -> None:
         """Undo an unconfirmed put (its msg_id) or a held get (its delivery's confirm_id)."""
         if "/" in confirm_id:
             msg_id, subscriber, token = self._parse_confirm(confirm_id)
-            self._release(msg_id, subscriber, token, "undo", 0.0)
+            self.move(Hold(msg_id, subscriber, token), Move("release", reason="undo"))
             return
 
         def undo_put(rec: MessageRecord) -> Change:

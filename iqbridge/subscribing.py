@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
 from iqbridge.errors import AudienceError
 from iqbridge.model import Audience, Pool, Subscriptions, check_name
-from iqbridge.queue_core import QueueCore
+from iqbridge.queue_core import Part
 from iqbridge.redaction import get_logger
 
 AudienceSpec = str | Pool | Iterable[str | Pool]
@@ -17,7 +16,7 @@ __all__ = ["Subscribing"]
 log = get_logger("iqbridge")
 
 
-class Subscribing(QueueCore):
+class Subscribing(Part):
     """Standing subscribers and pools of a queue, and the audience a put is revealed to.
 
     One part of :class:`~iqbridge.queue.Queue`."""
@@ -86,11 +85,13 @@ class Subscribing(QueueCore):
 
     def _set_subscriptions(self, subs: Subscriptions) -> None:
         self._store.set_subscriptions(self.name, subs)
-        self._subs, self._subs_at = subs, time.monotonic()
+        self.core.cached(subs)
         if self._native:
             self._declare_groups([*subs.subscribers, *(p.name for p in subs.pools)])
 
-    def _audience(self, to: AudienceSpec | None) -> Audience:
+    def audience(self, to: AudienceSpec | None) -> Audience:
+        """Who a put is for: ``to`` (names, pools, or both), or without it the standing
+        audience; raises :class:`~iqbridge.errors.AudienceError` naming what is wrong."""
         subs = self._subscriptions()
         if to is None:
             try:

@@ -70,7 +70,7 @@ def _index_only(hub: iqbridge.Hub, queue: str, msg_id: str) -> None:
         msg_id=msg_id,
         queue=queue,
         publisher="till",
-        audience=hub.queue(queue)._audience(None),  # the queue's standing audience
+        audience=hub.queue(queue).subscriptions().audience(),  # the standing audience
         now=hub.now_us(),
     )
     hub.store.commit(change)

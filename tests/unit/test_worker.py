@@ -554,7 +554,7 @@ def test_giving_back_survives_an_unreachable_index(
     worker = Worker(queue, SUB, Recorder(work=hold), threads=2, poll=0.05)
     worker.start()
     wait_for(lambda: started.is_set() and worker.stats.held == 10)
-    real, calls = queue._settle_many, []
+    real, calls = queue._settling.settle_many, []
 
     def flaky(moves: Any, transaction: object = None, partial: bool = False) -> Any:
         calls.append(len(moves))
@@ -562,7 +562,7 @@ def test_giving_back_survives_an_unreachable_index(
             raise iqbridge.IndexUnavailable("the index went away")
         return real(moves, transaction, partial)
 
-    monkeypatch.setattr(queue, "_settle_many", flaky)
+    monkeypatch.setattr(queue._settling, "settle_many", flaky)
     worker.request_stop(drain=False)
     gate.set()
     worker.stop(timeout=10)
