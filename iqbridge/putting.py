@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -122,6 +122,17 @@ class Putting(Part):
     def __init__(self, core: QueueCore, subscribing: Subscribing) -> None:
         super().__init__(core)
         self._subscribing = subscribing
+        # The path a put of new messages takes, chosen once for the hub's broker and
+        # index (not asked on every put).
+        self._put_new: Callable[[Audience, list[Envelope], Writes], None]
+        if self._shared_txn:
+            self._put_new = self._put_in_one_transaction
+        elif self.hub.colocated is not None:
+            self._put_new = self._put_colocated
+        elif self._adapter.capabilities.index_after_send:
+            self._put_new = self._put_then_index
+        else:
+            self._put_new = self._put_index_first
 
     def put(
         self,
@@ -316,24 +327,36 @@ class Putting(Part):
         writes = Writes(self.name, created=records, retain=retain, journal=journal)
         if ids is not None:
             self._put_idempotent(audience, envelopes, writes.as_changes())
-        elif self._adapter.capabilities.index_after_send and self.hub.colocated is None:
-            self._put_then_index(audience, envelopes, writes)
-        elif self._shared_txn:
-            with self._store.atomic():
-                refs = self._adapter.send(self.name, envelopes)
-                for rec, ref in zip(records, refs, strict=True):
-                    rec.native_ref = ref
-                if not all(self._store.commit_writes(writes)):
-                    raise StaleRecord(records[0].msg_id)  # a new id taken: nothing stays
-        elif self.hub.colocated is not None:
-            # One server: records and entries in one atomic step, the journal as templates.
-            if self._native:
-                self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
-            self.hub.colocated.send_indexed(self.name, envelopes, writes, self._store)
         else:
-            self._put_via_broker(audience, envelopes, writes.as_changes())
+            self._put_new(audience, envelopes, writes)
         self.hub.notify()
         return [e.msg_id for e in envelopes]
+
+    def _put_in_one_transaction(
+        self, audience: Audience, envelopes: list[Envelope], writes: Writes
+    ) -> None:
+        """The broker's queue and the index share one database transaction (the
+        embedded queue): entries and records commit together."""
+        with self._store.atomic():
+            refs = self._adapter.send(self.name, envelopes)
+            for rec, ref in zip(writes.created, refs, strict=True):
+                rec.native_ref = ref
+            if not all(self._store.commit_writes(writes)):
+                raise StaleRecord(writes.created[0].msg_id)  # a new id taken: nothing stays
+
+    def _put_colocated(self, audience: Audience, envelopes: list[Envelope], writes: Writes) -> None:
+        """The index on the broker's server: records and entries in one atomic step, the
+        journal as templates."""
+        assert self.hub.colocated is not None
+        if self._native:
+            self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
+        self.hub.colocated.send_indexed(self.name, envelopes, writes, self._store)
+
+    def _put_index_first(
+        self, audience: Audience, envelopes: list[Envelope], writes: Writes
+    ) -> None:
+        """The records first, then the broker (see :meth:`_put_via_broker`)."""
+        self._put_via_broker(audience, envelopes, writes.as_changes())
 
     def _check_ids(self, msg_ids: Sequence[str], count: int) -> list[str]:
         ids = [msg_ids] if isinstance(msg_ids, str) else list(msg_ids)
