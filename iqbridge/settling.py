@@ -18,7 +18,7 @@ from iqbridge.holding import Hold
 from iqbridge.model import MessageRecord
 from iqbridge.moves import DONE, Move
 from iqbridge.observability import tracing
-from iqbridge.queue_core import Part
+from iqbridge.queue_core import Part, QueueCore
 from iqbridge.redaction import get_logger
 from iqbridge.states import IN_DOUBT, PublisherState
 from iqbridge.transaction import Binding, Transaction, driver_connection, join
@@ -48,6 +48,13 @@ class Settling(Part):
     database.
 
     One part of :class:`~iqbridge.queue.Queue`."""
+
+    def __init__(self, core: QueueCore) -> None:
+        super().__init__(core)
+        #: Where a batch settles outside the application's transactions, chosen once:
+        #: on the broker's server with its acknowledgements (the index co-located with a
+        #: native-group broker), else in the index store.
+        self._colocated = self.hub.colocated if self._native else None
 
     def _op(
         self, move: Move, subscriber: str, token: str | None
@@ -188,9 +195,9 @@ class Settling(Part):
             if transaction is not None:
                 binding = stack.enter_context(join(store, transaction))
             records = [a for _, a in writes.moved] + [c.record for c in writes.changes]
-            colocated = self.hub.colocated if binding is None else None
+            colocated = self._colocated if binding is None else None
             acks: list[tuple[int, str, str]] = []
-            if colocated is not None and self._native:
+            if colocated is not None:
                 # One server: each DONE and its acknowledgement in one atomic step.
                 for n, ((d, move), rec) in enumerate(zip(batched + single, records, strict=True)):
                     if move.kind == "done" and rec.native_ref:
