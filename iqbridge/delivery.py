@@ -27,9 +27,6 @@ class Mover(Protocol):
     name: str
     retry: RetryPolicy
 
-    @property
-    def hub(self) -> _Clock: ...
-
     def move(self, hold: Hold, move: Move, transaction: object = None) -> None:
         """Make ``move`` of ``hold`` (in ``transaction``, for a DONE)."""
         ...
@@ -42,10 +39,6 @@ class Mover(Protocol):
     ) -> Settled:
         """Make many holds' moves in one index commit."""
         ...
-
-
-class _Clock(Protocol):
-    def now_us(self) -> int: ...
 
 
 _UNSET: Any = object()

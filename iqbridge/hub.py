@@ -15,6 +15,7 @@ from iqbridge.durations import seconds
 from iqbridge.errors import InvalidArgument, UnknownQueueError
 from iqbridge.model import JournalEntry, check_name
 from iqbridge.queue import Queue
+from iqbridge.queue_core import QueueCore
 from iqbridge.registry import open_adapter, open_store, redact
 from iqbridge.retry import RetryPolicy
 from iqbridge.stores.base import IndexStore
@@ -147,14 +148,16 @@ class Hub:
                 f"check the name, or open it with create=True"
             )
         return Queue(
-            self,
-            name,
-            retry=retry or RetryPolicy(),
-            lease=lease_s,
-            max_bytes=max_bytes,
-            auto_journal=auto_journal,
-            sweep_interval=sweep_s,
-            retain=retain,
+            QueueCore(
+                self,
+                name,
+                retry=retry or RetryPolicy(),
+                lease=lease_s,
+                max_bytes=max_bytes,
+                auto_journal=auto_journal,
+                sweep_interval=sweep_s,
+                retain=retain,
+            )
         )
 
     def queues(self) -> list[str]:

@@ -27,8 +27,7 @@ from iqbridge.getting import Getting
 from iqbridge.housekeeping import Housekeeping
 from iqbridge.looking import Browse, Looking
 from iqbridge.putting import Putting
-from iqbridge.queue_core import HubLink, QueueCore
-from iqbridge.retry import RetryPolicy
+from iqbridge.queue_core import OverCore, QueueCore
 from iqbridge.settling import Settling
 from iqbridge.subscribing import Subscribing
 
@@ -50,45 +49,17 @@ def _part(attr: str, fn: Callable[Concatenate[PartT, P], R]) -> Callable[Concate
     return method
 
 
-class Queue:
+class Queue(OverCore):
     """One logical queue, as seen through a :class:`~iqbridge.hub.Hub`.
 
-    Create it with ``hub.queue(name)``. Publishers :meth:`put`; subscribers :meth:`get`
-    and finish each :class:`~iqbridge.delivery.Delivery`; anybody can ask for
-    :meth:`state` and :meth:`search`.
+    Create it with ``hub.queue(name)``, which makes its
+    :class:`~iqbridge.queue_core.QueueCore`. Publishers :meth:`put`; subscribers
+    :meth:`get` and finish each :class:`~iqbridge.delivery.Delivery`; anybody can ask
+    for :meth:`state` and :meth:`search`.
     """
 
-    def __init__(
-        self,
-        hub: HubLink,
-        name: str,
-        *,
-        retry: RetryPolicy,
-        lease: float,
-        max_bytes: int,
-        auto_journal: bool,
-        sweep_interval: float,
-        retain: bool | None = None,
-    ) -> None:
-        core = QueueCore(
-            hub,
-            name,
-            retry=retry,
-            lease=lease,
-            max_bytes=max_bytes,
-            auto_journal=auto_journal,
-            sweep_interval=sweep_interval,
-            retain=retain,
-        )
-        self.hub = hub
-        self.name = name
-        self.retry = retry
-        self.lease = lease
-        self.max_bytes = max_bytes
-        self.auto_journal = auto_journal
-        self.sweep_interval = sweep_interval
-        #: Puts keep a copy of each payload beside the index (the broker forgets them).
-        self.retain = core.retain
+    def __init__(self, core: QueueCore) -> None:
+        super().__init__(core)
         self._subscribing = Subscribing(core)
         self._putting = Putting(core, self._subscribing)
         self._settling = Settling(core)

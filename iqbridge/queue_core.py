@@ -26,7 +26,7 @@ from iqbridge.retry import RetryPolicy
 from iqbridge.states import SubscriberState
 from iqbridge.stores.base import IndexStore, StaleRecord
 
-__all__ = ["HubLink", "Part", "QueueCore"]
+__all__ = ["HubLink", "OverCore", "Part", "QueueCore"]
 
 log = get_logger("iqbridge")
 
@@ -220,9 +220,9 @@ class QueueCore:
             log.warning("queue %s: broker acknowledgement deferred: %s", self.name, exc)
 
 
-class Part:
-    """One part of a queue: an object over the queue's :class:`QueueCore`, naming the
-    core's members it uses (the parts never inherit from one another)."""
+class OverCore:
+    """An object over one queue's :class:`QueueCore` that shows the queue's options: the
+    queue itself and each of its parts."""
 
     def __init__(self, core: QueueCore) -> None:
         self.core = core
@@ -233,7 +233,16 @@ class Part:
         self.max_bytes = core.max_bytes
         self.auto_journal = core.auto_journal
         self.sweep_interval = core.sweep_interval
+        #: Puts keep a copy of each payload beside the index (the broker forgets them).
         self.retain = core.retain
+
+
+class Part(OverCore):
+    """One part of a queue: an object over the queue's :class:`QueueCore`, naming the
+    core's members it uses (the parts never inherit from one another)."""
+
+    def __init__(self, core: QueueCore) -> None:
+        super().__init__(core)
         self._store = core.store
         self._adapter = core.adapter
         self._native = core.native

@@ -66,23 +66,24 @@ _KIND = {k.value: k for k in ActorKind}
 _RECORD_FORMAT = 1
 
 
+def member_moves(m: Member) -> tuple[Any, ...]:
+    """A member's values that move with its state, in the stores' column order (state
+    to updated_at, as the SQL store's ``_MEMBER_COLS``)."""
+    return (
+        m.state,
+        m.outcome,
+        m.attempt,
+        m.lease_token,
+        m.lease_owner,
+        m.lease_until,
+        m.not_before,
+        m.reason,
+        m.updated_at,
+    )
+
+
 def _member_rows(rec: MessageRecord) -> list[list[Any]]:
-    return [
-        [
-            m.subscriber,
-            m.pool,
-            m.state,
-            m.outcome,
-            m.attempt,
-            m.lease_token,
-            m.lease_owner,
-            m.lease_until,
-            m.not_before,
-            m.reason,
-            m.updated_at,
-        ]
-        for m in rec.members.values()
-    ]
+    return [[m.subscriber, m.pool, *member_moves(m)] for m in rec.members.values()]
 
 
 def _members(rows: list[list[Any]]) -> dict[str, Member]:

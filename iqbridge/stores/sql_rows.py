@@ -59,22 +59,6 @@ _MEMBER_COLS = (
 _N = len(_MSG_COLS)
 
 
-def member_moves(m: Member) -> tuple[Any, ...]:
-    """A member's values that move with its state, in ``_MEMBER_COLS`` order (state
-    to updated_at)."""
-    return (
-        m.state,
-        m.outcome,
-        m.attempt,
-        m.lease_token,
-        m.lease_owner,
-        m.lease_until,
-        m.not_before,
-        m.reason,
-        m.updated_at,
-    )
-
-
 def _cas_row(change: Change) -> dict[str, Any]:
     """The parameters of the compare-and-set update of a change's message row."""
     rec = change.record

@@ -55,9 +55,9 @@ from iqbridge.errors import ConcurrentUpdate
 from iqbridge.model import MessageRecord, Retained
 from iqbridge.states import ActorKind
 from iqbridge.stores.base import StaleRecord
-from iqbridge.stores.codec import encode
+from iqbridge.stores.codec import encode, member_moves
 from iqbridge.stores.sql_commit import _EACH_ATTEMPTS, SqlCommits
-from iqbridge.stores.sql_rows import _CHUNK, _message_row, member_moves
+from iqbridge.stores.sql_rows import _CHUNK, _message_row
 from iqbridge.stores.sql_statements import NEW_COLS, statements
 from iqbridge.writes import Writes
 

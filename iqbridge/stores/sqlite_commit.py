@@ -336,14 +336,7 @@ class SqliteCommits:
         cur = conn.execute(
             _UPDATE_MSG,
             (
-                rec.publisher_state,
-                int(rec.withdrawn),
-                rec.updated_at,
-                rec.lock_id,
-                rec.lock_owner,
-                rec.lock_until,
-                rec.version,
-                members,
+                *_moving(rec, members),
                 "," + seqs if seqs else "",
                 rec.due_at(),
                 rec.seq,
@@ -404,6 +397,16 @@ def _message_row(rec: MessageRecord, members: str, journal: str) -> tuple[Any, .
         rec.created_at,
         rec.expires_at,
         rec.max_attempts,
+        *_moving(rec, members),
+        journal,
+        rec.due_at(),
+    )
+
+
+def _moving(rec: MessageRecord, members: str) -> tuple[Any, ...]:
+    """A record's ``iq_messages`` values that change as it moves (``publisher_state`` to
+    ``members``), in the table's column order and ``_UPDATE_MSG``'s."""
+    return (
         rec.publisher_state,
         int(rec.withdrawn),
         rec.updated_at,
@@ -412,8 +415,6 @@ def _message_row(rec: MessageRecord, members: str, journal: str) -> tuple[Any, .
         rec.lock_until,
         rec.version,
         members,
-        journal,
-        rec.due_at(),
     )
 
 
