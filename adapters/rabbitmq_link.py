@@ -29,16 +29,15 @@ harmless.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
-import functools
 import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -125,6 +124,80 @@ class Outgoing:
     properties: BasicProperties
 
 
+_PENDING: Any = object()
+
+
+class _Confirms:
+    """The messages of one :meth:`Link.publish` and their confirms: one slot per
+    message, set on the I/O thread, and one event for the caller once every slot is
+    set or the window is given up (no future, lock or callback per message)."""
+
+    __slots__ = ("_low", "_returned", "_slots", "first", "items", "left", "over", "written")
+
+    def __init__(self, items: Sequence[Outgoing]) -> None:
+        self.items = items
+        #: The delivery tag of the first message (set when it is written).
+        self.first = 0
+        #: How many were handed to the connection (the rest cannot be on the broker).
+        self.written = 0
+        #: Slots still awaiting a confirm.
+        self.left = len(items)
+        #: Every slot below this one is settled.
+        self._low = 0
+        self._slots: list[Outcome] = [_PENDING] * len(items)
+        #: Positions the broker returned (unroutable), with why, until their confirm.
+        self._returned: dict[int, str] = {}
+        self.over = threading.Event()
+
+    def settle(self, i: int, outcome: Outcome) -> None:
+        """The confirm (ack: None, or a nack) of position ``i`` (I/O thread)."""
+        if self._slots[i] is not _PENDING:
+            return
+        why = self._returned.pop(i, None)
+        self._slots[i] = (
+            Unconfirmed("returned", why) if why is not None and outcome is None else outcome
+        )
+        self.left -= 1
+        if not self.left:
+            self.over.set()
+
+    def settle_upto(self, end: int, outcome: Outcome) -> None:
+        """A confirm of every position below ``end`` (``multiple``; I/O thread)."""
+        slots = self._slots
+        if not self._returned and all(s is _PENDING for s in slots[self._low : end]):
+            slots[self._low : end] = [outcome] * (end - self._low)
+            self.left -= end - self._low
+            if not self.left:
+                self.over.set()
+        else:
+            for i in range(self._low, end):
+                self.settle(i, outcome)
+        self._low = max(self._low, end)
+
+    def mark_returned(self, msg_id: str, why: str) -> bool:
+        """Note that the broker returned the first unconfirmed message ``msg_id``."""
+        for i in range(self._low, self.written):
+            if (
+                self._slots[i] is _PENDING
+                and i not in self._returned
+                and (self.items[i].properties.message_id or "") == msg_id
+            ):
+                self._returned[i] = why
+                return True
+        return False
+
+    def outcomes(self, *, in_doubt: bool) -> list[Outcome]:
+        """Each message's outcome (the caller, once the window is over): a slot still
+        awaiting its confirm is in doubt when it was written (or the window was given up
+        while the I/O thread may still write), else unsent."""
+        return [
+            (Sent.IN_DOUBT if i < self.written or in_doubt else Sent.UNSENT)
+            if slot is _PENDING
+            else slot
+            for i, slot in enumerate(self._slots)
+        ]
+
+
 class Link:
     """One connection, its I/O thread and its three channels."""
 
@@ -155,13 +228,11 @@ class Link:
         self._ctl_deferred: list[Callable[[], None]] = []
         #: Every future a caller may wait on, failed with LinkLost if the link goes.
         self._waiting: set[Future[Any]] = set()
-        #: Publisher confirms: the next delivery tag and the futures by tag.
+        #: Publisher confirms: the next delivery tag and the windows still awaiting
+        #: confirms, in tag order (a window's tags are consecutive: it is written in one
+        #: go on the I/O thread).
         self._next_tag = 1
-        self._confirms: dict[int, Future[None]] = {}
-        #: Messages the broker returned (unroutable), by delivery tag, until their confirm.
-        self._returned: dict[int, str] = {}
-        #: Unconfirmed tags by message id, to match a return (which carries no tag).
-        self._tags_by_id: dict[str, list[int]] = {}
+        self._windows: collections.deque[_Confirms] = collections.deque()
         #: Consumer tags this link started -> queue name.
         self.consumers: dict[str, str] = {}
         self._conn = SelectConnection(
@@ -233,11 +304,13 @@ class Link:
         error = LinkLost(self.close_reason)
         if not self._opened.done():
             self._opened.set_exception(error)
-        for fut in list(self._waiting) + list(self._confirms.values()):
+        for fut in list(self._waiting):
             if not fut.done():
                 fut.set_exception(error)
         self._waiting.clear()
-        self._confirms.clear()
+        windows, self._windows = self._windows, collections.deque()
+        for window in windows:
+            window.over.set()
         self._closed.set()
 
     def _on_channel_close(self, ch: Channel, reason: BaseException) -> None:
@@ -277,31 +350,43 @@ class Link:
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
         tag: int = method.delivery_tag
-        tags = [t for t in self._confirms if t <= tag] if method.multiple else [tag]
-        nack = isinstance(method, Basic.Nack)
-        for t in tags:
-            fut = self._confirms.pop(t, None)
-            returned = self._returned.pop(t, None)
-            if fut is None or fut.done():
-                continue
-            if nack:
-                fut.set_exception(Unconfirmed("nacked", "the broker refused to take it"))
-            elif returned is not None:
-                fut.set_exception(Unconfirmed("returned", returned))
-            else:
-                fut.set_result(None)
+        outcome: Outcome = (
+            Unconfirmed("nacked", "the broker refused to take it")
+            if isinstance(method, Basic.Nack)
+            else None
+        )
+        windows = self._windows
+        if not method.multiple:
+            for window in windows:
+                if window.first <= tag < window.first + len(window.items):
+                    window.settle(tag - window.first, outcome)
+                    if window.left == 0:
+                        windows.remove(window)
+                    break
+            return
+        # Every tag up to ``tag``: the windows before it whole, then its part of the
+        # window it falls in.
+        while windows and windows[0].first <= tag:
+            window = windows[0]
+            end = min(tag - window.first + 1, len(window.items))
+            window.settle_upto(end, outcome)
+            if window.left:
+                break
+            windows.popleft()
 
     def _on_return(
         self, _ch: Channel, method: Basic.Return, props: BasicProperties, _body: bytes
     ) -> None:
-        tags = self._tags_by_id.get(props.message_id or "", [])
-        for t in tags:
-            if t in self._confirms and t not in self._returned:
-                self._returned[t] = (
-                    f"{method.reply_code} {method.reply_text} (exchange {method.exchange!r}, "
-                    f"routing key {method.routing_key!r})"
-                )
-                break
+        # A return carries no delivery tag: the first unconfirmed message of that id.
+        # (Rare: an unroutable message; its confirm follows.)
+        mid = props.message_id or ""
+        why = (
+            f"{method.reply_code} {method.reply_text} (exchange {method.exchange!r}, "
+            f"routing key {method.routing_key!r})"
+        )
+        for window in self._windows:
+            if window.mark_returned(mid, why):
+                return
 
     # --- calls from other threads ------------------------------------------------------
 
@@ -375,75 +460,51 @@ class Link:
         Raises :class:`PublishCut` (a LinkLost) if the connection went before every
         confirm came, or none came within ``timeout`` (the connection is then given up):
         it says per item whether it was confirmed, refused, never sent, or is in doubt."""
-        futures: list[Future[None]] = [Future() for _ in items]
-        #: Handed to pika (set on the I/O thread, read once the window is over).
-        written = [False] * len(items)
+        window = _Confirms(items)
 
         def run() -> None:
             ch = self._pub
             if ch is None or not ch.is_open:
                 raise LinkLost("publishing channel closed")
-            for i, (item, fut) in enumerate(zip(items, futures, strict=True)):
-                tag = self._next_tag
-                self._next_tag += 1
-                self._confirms[tag] = fut
-                mid = item.properties.message_id or ""
-                tags = self._tags_by_id.setdefault(mid, [])
-                tags.append(tag)
-                fut.add_done_callback(functools.partial(self._untag, mid, tag))
+            window.first = self._next_tag
+            self._windows.append(window)
+            for item in items:
                 ch.basic_publish(
                     item.exchange, item.routing_key, item.body, item.properties, mandatory=True
                 )
-                written[i] = True
+                self._next_tag += 1
+                window.written += 1
 
         def guarded() -> None:
             try:
                 run()
             except Exception as exc:
-                for fut in futures:
-                    if not fut.done():
-                        fut.set_exception(LinkLost(f"publish failed: {exc}"))
+                log.debug("AMQP publish cut short: %s", exc)
+                with contextlib.suppress(ValueError):
+                    self._windows.remove(window)
+                window.over.set()
 
+        if not items:
+            return []
         try:
             self._submit(guarded)
         except LinkLost as exc:
             raise PublishCut(str(exc), [Sent.UNSENT] * len(items)) from None
         deadline = time.monotonic() + timeout
-        pending: set[Future[None]] = set(futures)
         timed_out = False
-        while pending:
-            # Woken every quarter second: a connection lost before the window was even
-            # handed to the I/O thread never completes its futures.
-            _, pending = wait_futures(
-                pending, timeout=max(0.0, min(0.25, deadline - time.monotonic()))
-            )
-            if not pending or self._closed.is_set():
+        # Woken every quarter second: a connection lost before the window was even
+        # handed to the I/O thread never ends the window.
+        while not window.over.wait(max(0.0, min(0.25, deadline - time.monotonic()))):
+            if self._closed.is_set():
                 break
             if time.monotonic() >= deadline:
                 timed_out = True
                 self._abandon(f"no publisher confirm within {timeout:g} s")
                 break
-        out: list[Outcome] = []
-        for fut, sent in zip(futures, written, strict=True):
-            why = fut.exception() if fut.done() else None
-            if fut.done() and why is None:
-                out.append(None)
-            elif isinstance(why, Unconfirmed):
-                out.append(why)
-            else:
-                # Given up on while the I/O thread may still be writing: in doubt, all.
-                out.append(Sent.IN_DOUBT if sent or timed_out else Sent.UNSENT)
+        out = window.outcomes(in_doubt=timed_out)
         if any(isinstance(o, Sent) for o in out):
             raise PublishCut(self.close_reason or "connection lost", out)
         return out
-
-    def _untag(self, mid: str, tag: int, _fut: object = None) -> None:
-        tags = self._tags_by_id.get(mid)
-        if tags is not None:
-            if tag in tags:
-                tags.remove(tag)
-            if not tags:
-                del self._tags_by_id[mid]
 
     # --- operations (run on the I/O thread through call/fire) --------------------------
 
