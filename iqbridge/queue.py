@@ -28,6 +28,7 @@ from iqbridge.housekeeping import Housekeeping
 from iqbridge.looking import Browse, Looking
 from iqbridge.putting import Putting
 from iqbridge.queue_core import OverCore, QueueCore
+from iqbridge.receiving import Receiving
 from iqbridge.settling import Settling
 from iqbridge.subscribing import Subscribing
 
@@ -64,7 +65,8 @@ class Queue(OverCore):
         self._putting = Putting(core, self._subscribing)
         self._settling = Settling(core)
         self._housekeeping = Housekeeping(core)
-        self._getting = Getting(core, self._settling, self._housekeeping)
+        self._receiving = Receiving(core, self._settling)
+        self._getting = Getting(core, self._settling, self._housekeeping, self._receiving)
         self._looking = Looking(core)
 
     subscriptions = _part("_subscribing", Subscribing.subscriptions)
@@ -82,7 +84,7 @@ class Queue(OverCore):
 
     get = _part("_getting", Getting.get)
     get_many = _part("_getting", Getting.get_many)
-    adopt = _part("_getting", Getting.adopt)
+    adopt = _part("_receiving", Receiving.adopt)
 
     transaction = _part("_settling", Settling.transaction)
     confirm_get = _part("_settling", Settling.confirm_get)

@@ -119,7 +119,7 @@ class ContractBase(abc.ABC):
 
         The default serves index-driven adapters, where the index is the queue and no
         broker redelivers: it hands the stored entry to the facade the way a broker
-        redelivery arrives (``Getting._accept``, which resolves every broker delivery
+        redelivery arrives (``Receiving._accept``, which resolves every broker delivery
         against the index) and fails the test if the facade turns it into a delivery.
         """
         if hub.adapter.capabilities.native_groups:
@@ -134,7 +134,7 @@ class ContractBase(abc.ABC):
         member = rec.members[subscriber]
         received = Received(rec.native_ref, member.pool or subscriber, env, delivery_count=2)
         owner = f"{subscriber}@{hub.client_id}"
-        dup = queue._getting._accept(received, subscriber, owner, int(queue.lease * 1e6))
+        dup = queue._receiving._accept(received, subscriber, owner, int(queue.lease * 1e6))
         if dup is not None:
             pytest.fail(f"the facade handed {msg_id} to {subscriber!r} again on redelivery")
 

@@ -159,7 +159,7 @@ def _crash_before_client_claims(queue: Any, monkeypatch: pytest.MonkeyPatch) -> 
     def die(*_args: Any, **_kwargs: Any) -> Any:
         raise _Crash
 
-    monkeypatch.setattr(queue._getting, "_accept_many", die)
+    monkeypatch.setattr(queue._receiving, "_accept_many", die)
 
 
 def _taken_over(url: str, ids: list[str]) -> list[str]:
