@@ -133,6 +133,13 @@ class Putting(Part):
             self._put_new = self._put_then_index
         else:
             self._put_new = self._put_index_first
+        #: An idempotent put's usual case (none of its ids known yet) on an index apart
+        #: from the broker: the records in one batch commit, then the broker, then their
+        #: references. (In one transaction with the broker, or on its server, the usual
+        #: case is one atomic step already.)
+        self._put_new_apart: Callable[[Audience, list[Envelope], Writes], bool] | None = (
+            None if self._shared_txn or self.hub.colocated is not None else self._put_fresh
+        )
 
     def put(
         self,
@@ -326,7 +333,10 @@ class Putting(Part):
         )
         writes = Writes(self.name, created=records, retain=retain, journal=journal)
         if ids is not None:
-            self._put_idempotent(audience, envelopes, writes.as_changes())
+            if not (
+                self._put_new_apart is not None and self._put_new_apart(audience, envelopes, writes)
+            ):
+                self._put_idempotent(audience, envelopes, writes.as_changes())
         else:
             self._put_new(audience, envelopes, writes)
         self.hub.notify()
@@ -375,6 +385,25 @@ class Putting(Part):
         if len(set(ids)) != len(ids):
             raise InvalidArgument("msg_ids must be distinct within one put")
         return ids
+
+    def _put_fresh(self, audience: Audience, envelopes: list[Envelope], writes: Writes) -> bool:
+        """An idempotent put whose ids the index does not know yet (the usual case), on an
+        index apart from the broker, as a batch: the records in one commit (index first: a
+        broker entry must never exist without its record), the broker, then the native
+        references. False, having sent nothing, when an id is known (a repeat) or was
+        taken meanwhile: the caller settles the put as a repeat. If the broker refuses,
+        the records stay without references and the put raises: it is in doubt, and the
+        caller repeats it (the repeat sends what the broker lacks)."""
+        store = self._store
+        if store.load_many([e.msg_id for e in envelopes]):
+            return False
+        if self._native:
+            self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
+        if not all(store.commit_writes(writes)):
+            return False  # raced: what was created here is sent by the repeat
+        refs = self._adapter.send(self.name, envelopes)
+        store.set_native_refs([(e.msg_id, ref) for e, ref in zip(envelopes, refs, strict=True)])
+        return True
 
     def _put_idempotent(
         self, audience: Audience, envelopes: list[Envelope], changes: list[Change]
