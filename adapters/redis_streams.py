@@ -27,7 +27,8 @@ Options: ``prefix`` (the Redis index store's key prefix, default ``default``),
 ``retry_for`` (seconds to keep retrying a broken connection with backoff, default 30),
 ``read_ahead`` (entries a consumer reads per round trip and hands out on its next gets,
 default 16; in a pool, what one member read ahead stays claimable by the others through
-the index),
+the index; a get whose read claims on the way, with the Redis index on the same server,
+reads only what it asks for),
 ``socket_timeout`` and ``socket_connect_timeout`` (seconds, default 10 and 5). Its default
 index is the Redis index store on the same server and database; it retries for
 ``retry_for`` too.
@@ -456,7 +457,6 @@ class RedisStreamsAdapter:
             if now - self._idle_checked.get(slot, -math.inf) >= min(min_idle / 2, 1.0):
                 self._idle_checked[slot] = now
                 idle_ms = max(int(min_idle * 1000), 1)
-        want = max(count, self.read_ahead)
         slots = [(key, group, consumer) for group in groups]
         claiming: list[Any] = []
         # Entries read ahead are claimed by the client, so this read's entries (later
@@ -464,6 +464,11 @@ class RedisStreamsAdapter:
         # two commits would leave later messages claimed and earlier ones not.
         if claim is not None and record_prefix and not head:
             claiming = self._claim_args(queue, record_prefix, claim, count)
+        # A read that claims on the way reads no more than it may claim: an entry read
+        # ahead would cost its own claim later (a round trip through the index's full
+        # write path) where reading it then costs one round trip that claims it too, and
+        # meanwhile it would wait in this consumer, out of its pool's reach.
+        want = count if claiming else max(count, self.read_ahead)
 
         def read() -> Any:
             args: list[Any] = [consumer, idle_ms, REQUEUE_CONSUMER, _SCAN, record_prefix]

@@ -334,7 +334,9 @@ class BatchTests(ContractBase):
         batch: list[Batch] = []
         commits, reads = self._round_trips(hub, lambda: batch.append(q.get_many("a", 39)))
         assert batch[0].msg_ids == ids[1:]
-        assert (commits, reads) == (1, 1)
+        # With the index on the broker's server the read makes the claims itself (one
+        # round trip, no commit of its own); else the read, then one commit.
+        assert (commits, reads) == ((0 if hub.colocated is not None else 1), 1)
         with counting(hub.adapter, ("ack",)) as acks:
             commits, reads = self._round_trips(hub, batch[0].done)
         assert (commits, reads) == (1, 0)

@@ -176,28 +176,45 @@ def _taken_over(url: str, ids: list[str]) -> list[str]:
         return got
 
 
-def test_a_get_killed_between_its_claims_keeps_key_order_read_ahead(
-    url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A get that hands out entries read ahead (not claimed yet) and reads more must not
-    have the later entries claimed apart from the earlier ones: killed between the two
-    claims, the next holder would hand the later ones out first (they come back through
-    the index, the earlier ones through the stream). Found by the bridge kill test."""
-    dead = iqbridge.connect(url)
+def test_a_read_that_claims_on_the_way_reads_no_more_than_it_claims(url: str) -> None:
+    """With the index on the stream's server, a get's read claims what it reads, and
+    reads no more: nothing waits unclaimed in this consumer (where a get killed between
+    a claim of entries read ahead and the read's own claims would leave a key's later
+    messages claimed and its earlier ones not, as the bridge kill test once found), and
+    a single get is one round trip that claims its message."""
+    hub = iqbridge.connect(url)
     try:
-        assert dead.colocated is not None
-        queue = dead.queue("orders", lease=3600)
+        assert hub.colocated is not None
+        queue = hub.queue("orders", lease=3600)
         queue.subscribe("a")
         ids = queue.put_many([f"m{i}".encode() for i in range(40)], ordering_key="k")
-        first = queue.get("a")  # reads 15 more ahead, unclaimed
+        adapter = hub.adapter
+        assert isinstance(adapter, RedisStreamsAdapter)
+        calls = 0
+        run = adapter._direct.run
+
+        def counting(script: Any, keys: Any, args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return run(script, keys, args)
+
+        adapter._direct.run = counting  # type: ignore[method-assign]
+        first = queue.get("a")
         assert first is not None and first.msg_id == ids[0]
-        _crash_before_client_claims(queue, monkeypatch)
-        with pytest.raises(_Crash):
-            queue.get_many("a", 20)  # 15 read ahead + 5 read now
-        assert _taken_over(url, ids) == ids
+        assert calls == 1  # the read and its claim: one script call
+        stream = adapter.key("orders")
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            assert client.xpending(stream, "a")["pending"] == 1
+            batch = queue.get_many("a", 20)
+            assert [d.msg_id for d in batch] == ids[1:21]
+            assert client.xpending(stream, "a")["pending"] == 21
+        finally:
+            client.close()
+        assert calls == 2
     finally:
-        monkeypatch.undo()
-        dead.adapter.close()
+        hub.close()
+    assert _taken_over(url, ids) == ids
 
 
 def test_a_get_killed_between_its_claims_keeps_key_order_off_the_common_path(
