@@ -107,11 +107,15 @@ end
 local function claim(id, f, over)
   if f[7] or f[8] then return nil end
   local r = cjson.decode(f[4])
-  if r[14] ~= revealed then return nil end
-  local row = nil
+  local ps, row = r[14], nil
   for i = 1, #over, 2 do
-    if over[i] == csub then row = cjson.decode(over[i + 1]) end
+    if over[i] == csub then
+      row = cjson.decode(over[i + 1])
+    elseif over[i] == '' then
+      ps = over[i + 1]
+    end
   end
+  if ps ~= revealed then return nil end
   if not row then
     for _, m in ipairs(r[20]) do
       if m[1] == csub then row = m end

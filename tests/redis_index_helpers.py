@@ -99,10 +99,15 @@ def check_redis_index(store: Any) -> None:
     for index in client.scan_iter(match=f"{store.keyspace}*", count=1000, _type="zset"):
         members = set(client.zrange(index, 0, -1))
         assert members == listed.get(index, set()), f"{index}: {members} vs {listed.get(index)}"
-    # Member rows kept apart by a claim on receive: only for records marked so, and only
-    # of their own members.
+    # Member rows kept apart by moves of members only: only for records marked so, only
+    # of their own members, and the publisher state under "" as the record reads it.
     for key in client.scan_iter(match=f"{store.keyspace}ms:*", count=1000):
         msg_id = key[len(store.keyspace) + 3 :]
         assert msg_id in records, f"member rows of {msg_id} outlived its record"
         assert client.hget(records[msg_id], "mo") == "1", f"{msg_id}: rows apart, unmarked"
-        assert set(client.hkeys(key)) <= set(store.load(msg_id).members), msg_id
+        apart = client.hgetall(key)
+        rec = store.load(msg_id)
+        assert set(apart) - {""} <= set(rec.members), msg_id
+        if "" in apart:
+            assert rec.publisher_state is not None
+            assert apart[""] == rec.publisher_state.value, msg_id

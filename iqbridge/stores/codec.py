@@ -35,6 +35,7 @@ __all__ = [
     "entries_from_json",
     "entries_to_json",
     "matches",
+    "member_row_json",
     "members_from_json",
     "members_to_json",
     "record_from_json",
@@ -105,6 +106,11 @@ def _members(rows: list[list[Any]]) -> dict[str, Member]:
         )
         out[r[0]] = m
     return out
+
+
+def member_row_json(m: Member) -> str:
+    """One member's row, as :func:`members_to_json` writes each."""
+    return encode([m.subscriber, m.pool, *member_moves(m)])
 
 
 def members_to_json(rec: MessageRecord) -> str:

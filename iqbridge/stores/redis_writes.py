@@ -17,7 +17,13 @@ from typing import Any
 from iqbridge.ids import new_token
 from iqbridge.model import MessageRecord, Retained
 from iqbridge.stores.base import StaleRecord
-from iqbridge.stores.codec import JOURNAL_PER_ROW, encode, entries_to_json, record_to_json
+from iqbridge.stores.codec import (
+    JOURNAL_PER_ROW,
+    encode,
+    entries_to_json,
+    member_row_json,
+    record_to_json,
+)
 from iqbridge.stores.redis_commit import RedisCommits
 from iqbridge.writes import Writes
 
@@ -46,8 +52,12 @@ class _Packer:
         journal: Sequence[str] = (),
         entry: Sequence[bytes | str] = (),
         retain: Retained | None = None,
+        prev: MessageRecord | None = None,
     ) -> None:
-        """One record: created (``before`` None) or moved from the layout ``before``."""
+        """One record: created (``before`` None) or moved from the layout ``before``;
+        moved from the record ``prev`` by the batch engine (new member objects for the
+        members it moved, the others shared), a move that changed only members (and the
+        publisher state) sends their rows, not the record JSON."""
         by_seq, by_claim, due, opt = self.layout(rec)
         old_seq, old_claim, old_due, old_opt = before if before is not None else _EMPTY
         ix = [*by_seq, *by_claim]
@@ -68,15 +78,16 @@ class _Packer:
         shape = self.shapes.get(key)
         if shape is None:
             shape = self.shapes[key] = len(self.shapes) + 1
+        rows = _member_moves(prev, rec) if prev is not None else None
         self.records += [
             rec.msg_id,
-            "1" if before is None else "0",
+            "1" if before is None else "0" if rows is None else "2",
             str(expected),
             str(rec.version),
             shape,
             str(rec.priority),
             rec.native_ref or "",
-            record_to_json(rec),
+            record_to_json(rec) if rows is None else rows,
             str(due) if due is not None and due != old_due else "",
             str(rec.updated_at),
             *opt.values(),
@@ -96,6 +107,27 @@ class _Packer:
             out += [encode(list(ix)), len(add_seq), *add_seq, len(add_claim), *add_claim]
             out += [len(gone), *gone, len(opt) + 1, "u", *opt, len(unset), *unset]
         return out
+
+
+def _member_moves(prev: MessageRecord, rec: MessageRecord) -> str | None:
+    """What writes.lua needs of a move that changed only members (and the publisher
+    state): the publisher state ("-" if unchanged), then each moved member's subscriber
+    and row, joined by newlines (names have no whitespace; a JSON row no raw newline).
+    None when anything else of the record changed: the record JSON is written whole."""
+    if (
+        rec.withdrawn != prev.withdrawn
+        or rec.lock_id != prev.lock_id
+        or rec.lock_owner != prev.lock_owner
+        or rec.lock_until != prev.lock_until
+        or rec.publisher_state is None
+        or len(rec.members) != len(prev.members)
+    ):
+        return None
+    parts = ["-" if rec.publisher_state is prev.publisher_state else rec.publisher_state.value]
+    for name, m in rec.members.items():
+        if prev.members.get(name) is not m:
+            parts += (name, member_row_json(m))
+    return "\n".join(parts) if len(parts) > 1 else None
 
 
 class RedisWrites(RedisCommits):
@@ -170,7 +202,7 @@ class RedisWrites(RedisCommits):
         base = len(writes.created)
         for i, (before, after) in enumerate(writes.moved):
             number.setdefault(after.msg_id, base + i + 1)
-            pack.add(after, layout(before), before.version)
+            pack.add(after, layout(before), before.version, prev=before)
         for change in writes.changes:
             if change.record.queue != queue:
                 raise ValueError(

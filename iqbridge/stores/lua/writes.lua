@@ -18,8 +18,12 @@
 --            out of, nf then nf optional field names to set (values per record), nu
 --            then nu optional field names to remove
 -- then     the number of records; then each record:
---            id, c (1 = new), ev (expected version), v (new version), shape number,
---            p (priority), n (native ref or ""), r (the record JSON), due (the due time
+--            id, c (1 = new, 0 = moved, 2 = moved in its members only), ev (expected
+--            version), v (new version), shape number, p (priority), n (native ref or
+--            ""), r (the record JSON; for c = 2, the publisher state or "-" for
+--            unchanged, then each changed member's subscriber and row, joined by
+--            newlines: they go to the hash "ms:<id>", the publisher state under the
+--            field "", and the record JSON is not rewritten), due (the due time
 --            to index it under in "d:<queue>", or ""), the shape's nf field values,
 --            nj then nj journal values of its own (JSON arrays, a change made one
 --            message at a time), xn then xn field/value values of a broker entry to XADD
@@ -244,7 +248,29 @@ for _, ch in ipairs(batch) do
       redis.call('ZREM', ARGV[k], ch.id)
     end
 
-    local fields = {'v', ch.v, 's', s, 'q', q, 'r', ch.r, 'h', ch.hist, 'w', wid, 'ix', sh.ix}
+    local fields
+    if ch.c == '2' then
+      -- Moved in its members only: their rows (and the publisher state, if it moved) go
+      -- over the record JSON, which stays as it was (stores/redis_records.py).
+      local over, k = {}, 0
+      for part in string.gmatch(ch.r, '[^\n]+') do
+        k = k + 1
+        if k == 1 then
+          if part ~= '-' then
+            over[#over + 1] = ''
+            over[#over + 1] = part
+          end
+        else
+          over[#over + 1] = part
+        end
+      end
+      if #over > 0 then
+        redis.call('HSET', P .. 'ms:' .. ch.id, unpack(over))
+      end
+      fields = {'v', ch.v, 's', s, 'q', q, 'h', ch.hist, 'w', wid, 'ix', sh.ix, 'mo', '1'}
+    else
+      fields = {'v', ch.v, 's', s, 'q', q, 'r', ch.r, 'h', ch.hist, 'w', wid, 'ix', sh.ix}
+    end
     if native ~= '' then
       fields[#fields + 1] = 'n'
       fields[#fields + 1] = native
@@ -253,8 +279,8 @@ for _, ch in ipairs(batch) do
       fields[#fields + 1] = ARGV[sh.f0 + k]
       fields[#fields + 1] = ARGV[ch.f0 + k]
     end
-    if old[5] and old[5] ~= '' then
-      -- Member rows a claim on receive wrote apart: the record written now holds them.
+    if ch.c ~= '2' and old[5] and old[5] ~= '' then
+      -- Member rows written apart: the record written now holds them.
       redis.call('DEL', P .. 'ms:' .. ch.id)
       fields[#fields + 1] = 'mo'
       fields[#fields + 1] = ''
