@@ -20,6 +20,8 @@ from iqbridge.stores.codec import (
     JOURNAL_PER_ROW,
     encode,
     entries_to_json,
+    member_moves,
+    member_row_json,
     record_to_json,
 )
 from iqbridge.stores.redis_base import RedisStoreBase
@@ -302,3 +304,28 @@ class RedisCommits(RedisStoreBase):
         keys = [self._record_key(msg_id) for msg_id, _ in refs]
         args = [ref for _, ref in refs]
         self._call(lambda: self._native_ref(keys=keys, args=args))
+
+
+#: A record's fields a move of members only may change (the rest is the record JSON's).
+_MOVING = frozenset({"members", "publisher_state", "version", "updated_at", "seq", "native_ref"})
+
+
+def members_apart(prev: MessageRecord, rec: MessageRecord) -> str | None:
+    """What the scripts need of a move from ``prev`` to ``rec`` that changed only members
+    (and the publisher state): the publisher state ("-" if unchanged), then each moved
+    member's subscriber and row, joined by newlines (names have no whitespace, a JSON
+    row no raw newline); they are written apart (``ms:<msg_id>``, see
+    :mod:`~iqbridge.stores.redis_records`). None when anything else of the record
+    changed: then the record JSON is written whole."""
+    if rec.publisher_state is None or rec.members.keys() != prev.members.keys():
+        return None
+    was = prev.__dict__
+    for name, value in rec.__dict__.items():
+        if name not in _MOVING and was.get(name) != value:
+            return None
+    parts = ["-" if rec.publisher_state is prev.publisher_state else rec.publisher_state.value]
+    for name, m in rec.members.items():
+        old = prev.members[name]
+        if old is not m and (old.pool != m.pool or member_moves(old) != member_moves(m)):
+            parts += (name, member_row_json(m))
+    return "\n".join(parts) if len(parts) > 1 else None

@@ -21,10 +21,9 @@ from iqbridge.stores.codec import (
     JOURNAL_PER_ROW,
     encode,
     entries_to_json,
-    member_row_json,
     record_to_json,
 )
-from iqbridge.stores.redis_commit import RedisCommits
+from iqbridge.stores.redis_commit import RedisCommits, members_apart
 from iqbridge.writes import Writes
 
 __all__ = ["RedisWrites"]
@@ -78,7 +77,7 @@ class _Packer:
         shape = self.shapes.get(key)
         if shape is None:
             shape = self.shapes[key] = len(self.shapes) + 1
-        rows = _member_moves(prev, rec) if prev is not None else None
+        rows = members_apart(prev, rec) if prev is not None else None
         self.records += [
             rec.msg_id,
             "1" if before is None else "0" if rows is None else "2",
@@ -107,27 +106,6 @@ class _Packer:
             out += [encode(list(ix)), len(add_seq), *add_seq, len(add_claim), *add_claim]
             out += [len(gone), *gone, len(opt) + 1, "u", *opt, len(unset), *unset]
         return out
-
-
-def _member_moves(prev: MessageRecord, rec: MessageRecord) -> str | None:
-    """What writes.lua needs of a move that changed only members (and the publisher
-    state): the publisher state ("-" if unchanged), then each moved member's subscriber
-    and row, joined by newlines (names have no whitespace; a JSON row no raw newline).
-    None when anything else of the record changed: the record JSON is written whole."""
-    if (
-        rec.withdrawn != prev.withdrawn
-        or rec.lock_id != prev.lock_id
-        or rec.lock_owner != prev.lock_owner
-        or rec.lock_until != prev.lock_until
-        or rec.publisher_state is None
-        or len(rec.members) != len(prev.members)
-    ):
-        return None
-    parts = ["-" if rec.publisher_state is prev.publisher_state else rec.publisher_state.value]
-    for name, m in rec.members.items():
-        if prev.members.get(name) is not m:
-            parts += (name, member_row_json(m))
-    return "\n".join(parts) if len(parts) > 1 else None
 
 
 class RedisWrites(RedisCommits):

@@ -75,7 +75,7 @@ def test_a_batch_claim_is_one_journal_entry_and_the_index_stays_consistent(url: 
         assert set(_apart(hub, ids[0])) == {"a", "b"}
         check_redis_index(hub.store)
         batch.done()  # each moved on meanwhile (b's claim): settled again on a fresh read
-        # The settle wrote each record whole: nothing kept apart any more.
+        # Settled one by one on a fresh read: each record written whole, nothing apart.
         assert all(_apart(hub, msg_id) == {} for msg_id in ids)
         for msg_id in ids:
             view = q.state(msg_id).subscribers
@@ -84,6 +84,30 @@ def test_a_batch_claim_is_one_journal_entry_and_the_index_stays_consistent(url: 
         other.done()
         assert [m.msg_id for m in q.search(state=iqbridge.PublisherState.JOURNALLED)] == ids
         check_redis_index(hub.store)
+
+
+def test_a_batch_settle_of_members_only_keeps_the_record_json_as_put(url: str) -> None:
+    """A batch's claim and settle move members only: their rows, and the publisher
+    state once the last member is journalled, are written apart (``ms:<id>``, the state
+    under ""), not the record JSON; every read lays them over it."""
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders")
+        q.subscribe("a")
+        ids = q.put_many([f"m{i}".encode() for i in range(5)])
+        store = hub.store
+        client = store.client  # type: ignore[attr-defined]
+        put = {m: client.hget(f"{store.keyspace}m:{m}", "r") for m in ids}  # type: ignore[attr-defined]
+        q.get_many("a", 5).done()
+        for msg_id in ids:
+            assert client.hget(f"{store.keyspace}m:{msg_id}", "r") == put[msg_id]  # type: ignore[attr-defined]
+            apart = _apart(hub, msg_id)
+            assert set(apart) == {"a", ""} and apart[""] == "JOURNALLED"
+            state = q.state(msg_id)
+            assert state.publisher_state is iqbridge.PublisherState.JOURNALLED
+            assert state.subscribers["a"].state is S.JOURNALLED
+        assert [m.msg_id for m in q.search(state=iqbridge.PublisherState.JOURNALLED)] == ids
+        assert [m.msg_id for m in q.search(state=S.JOURNALLED)] == ids
+        check_redis_index(store)
 
 
 def test_a_settle_acknowledges_its_entries_in_the_same_script(url: str) -> None:
