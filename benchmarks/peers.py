@@ -602,10 +602,16 @@ SIDES: tuple[Side, ...] = (
     Side("sqlite:persist-queue", "sqlite", "persist-queue", persist_queue, ("persistqueue",)),
 )
 
-#: The issue's targets: (iqbridge side, peer side, at least).
+#: The issues' targets: (iqbridge side, peer side, at least). Issue 28 (the state path
+#: built for batches): the Redis batch at twice FastStream's pipelined batch, the single
+#: paths at least the best peer on Redis and SQLite, the RabbitMQ batch at twice the best
+#: peer's; the SQLite batch's from before.
 TARGETS = (
-    ("redis:iqbridge-batch", "redis:faststream-batch", 1.0),
+    ("redis:iqbridge-batch", "redis:faststream-batch", 2.0),
+    ("redis:iqbridge", "redis:faststream", 1.0),
+    ("sqlite:iqbridge", "sqlite:persist-queue", 1.0),
     ("sqlite:iqbridge-batch", "sqlite:persist-queue", 3.0),
+    ("rabbitmq:iqbridge-batch", "rabbitmq:kombu", 2.0),
 )
 
 
