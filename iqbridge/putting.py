@@ -399,8 +399,11 @@ class Putting(Part):
             return False
         if self._native:
             self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
-        if not all(store.commit_writes(writes)):
-            return False  # raced: what was created here is sent by the repeat
+        try:
+            if not all(store.commit_writes(writes)):
+                return False  # raced: what was created here is sent by the repeat
+        except StaleRecord:
+            return False  # raced, and nothing was written
         refs = self._adapter.send(self.name, envelopes)
         store.set_native_refs([(e.msg_id, ref) for e, ref in zip(envelopes, refs, strict=True)])
         return True
