@@ -15,6 +15,7 @@ import iqbridge
 from iqbridge import Pool, PublisherState, SubscriberState
 from iqbridge.errors import BrokerUnavailable, IndexUnavailable, InvalidArgument
 from iqbridge.ids import new_id
+from iqbridge.model import Envelope
 from iqbridge.states import ActorKind
 
 
@@ -120,6 +121,41 @@ def test_a_broker_failure_leaves_the_record_for_the_repeat() -> None:
         q.put("x", to=["s"], msg_id=msg_id)
         assert hub.store.load(msg_id).native_ref is not None
         assert drain(q, "s") == ["x"]
+
+
+def test_an_id_created_between_the_read_and_the_commit_is_settled_as_a_repeat() -> None:
+    # The usual case reads the ids first (none known), then commits the records as a
+    # batch; another putter creating one of them in between makes the batch commit only
+    # the others, and the put then goes on as a repeat: every message once in the index
+    # and once on the broker, the one created meanwhile not sent again.
+    with iqbridge.connect("memory://") as hub:
+        q = hub.queue("orders")
+        theirs, mine = new_id(), new_id()
+        q.put("theirs", to=["s"], msg_id=theirs)
+        store = hub.store
+        real = store.load_many
+        reads: list[list[str]] = []
+
+        def stale_read(ids: list[str]) -> dict[str, object]:
+            reads.append(list(ids))
+            return {} if len(reads) == 1 else real(ids)  # the first read, before theirs
+
+        store.load_many = stale_read  # type: ignore[method-assign,assignment]
+        send = hub.adapter.send
+        sent: list[list[str]] = []
+
+        def counting(queue: str, envelopes: list[Envelope]) -> list[str]:
+            sent.append([e.msg_id for e in envelopes])
+            return send(queue, envelopes)
+
+        hub.adapter.send = counting  # type: ignore[method-assign]
+        assert hub.colocated is None  # the index apart from the broker
+        q.put_many(["theirs again", "mine"], to=["s"], msg_ids=[theirs, mine])
+        store.load_many = real  # type: ignore[method-assign]
+        assert reads == [[theirs, mine]] * 2  # the batch's read, then the repeat's
+        assert sent == [[mine]]  # theirs is not sent again
+        assert sorted(drain(q, "s")) == ["mine", "theirs"]
+        assert [r.msg_id for r in q.search()] == [theirs, mine]
 
 
 def test_a_plain_put_refused_by_the_broker_is_still_withdrawn() -> None:
