@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 from iqbridge import engine, engine_batch
 from iqbridge.durations import to_seconds
-from iqbridge.engine import Change
 from iqbridge.errors import (
-    BrokerUnavailable,
-    ConcurrentUpdate,
     InvalidArgument,
-    IQError,
-    MessageNotFound,
     MessageTooLarge,
     PayloadNotRetained,
 )
 from iqbridge.ids import new_id
-from iqbridge.model import Audience, Envelope, MessageRecord, Retained, check_name, check_text
+from iqbridge.model import Envelope, Retained, check_name, check_text
 from iqbridge.observability import tracing
 from iqbridge.payload import encode
-from iqbridge.queue_core import CAS_ATTEMPTS, Part, QueueCore
+from iqbridge.put_paths import SEND_FIRST_WINDOW, PutPath, put_path
+from iqbridge.queue_core import Part, QueueCore
 from iqbridge.redaction import get_logger
-from iqbridge.stores.base import StaleRecord
 from iqbridge.subscribing import AudienceSpec, Subscribing
 from iqbridge.writes import Writes
 
@@ -103,12 +96,6 @@ class _Spec:
 
 __all__ = ["SEND_FIRST_WINDOW", "Outgoing", "Putting"]
 
-#: Seconds after its start within which a put that sends first (an adapter with
-#: ``Capabilities.index_after_send``) commits its records available; a get gives an
-#: entry without its record back until then, and acknowledges it as purged only after
-#: twice as long (room for clocks apart and a commit waiting for the index).
-SEND_FIRST_WINDOW = 60.0
-
 log = get_logger("iqbridge")
 
 
@@ -122,24 +109,9 @@ class Putting(Part):
     def __init__(self, core: QueueCore, subscribing: Subscribing) -> None:
         super().__init__(core)
         self._subscribing = subscribing
-        # The path a put of new messages takes, chosen once for the hub's broker and
-        # index (not asked on every put).
-        self._put_new: Callable[[Audience, list[Envelope], Writes], None]
-        if self._shared_txn:
-            self._put_new = self._put_in_one_transaction
-        elif self.hub.colocated is not None:
-            self._put_new = self._put_colocated
-        elif self._adapter.capabilities.index_after_send:
-            self._put_new = self._put_then_index
-        else:
-            self._put_new = self._put_index_first
-        #: An idempotent put's usual case (none of its ids known yet) on an index apart
-        #: from the broker: the records in one batch commit, then the broker, then their
-        #: references. (In one transaction with the broker, or on its server, the usual
-        #: case is one atomic step already.)
-        self._put_new_apart: Callable[[Audience, list[Envelope], Writes], bool] | None = (
-            None if self._shared_txn or self.hub.colocated is not None else self._put_fresh
-        )
+        #: How puts reach the broker and the index, chosen once for the hub's broker and
+        #: index (not asked on every put).
+        self._path: PutPath = put_path(core)
 
     def put(
         self,
@@ -333,40 +305,11 @@ class Putting(Part):
         )
         writes = Writes(self.name, created=records, retain=retain, journal=journal)
         if ids is not None:
-            if not (
-                self._put_new_apart is not None and self._put_new_apart(audience, envelopes, writes)
-            ):
-                self._put_idempotent(audience, envelopes, writes.as_changes())
+            self._path.put_idempotent(audience, envelopes, writes)
         else:
-            self._put_new(audience, envelopes, writes)
+            self._path.put_new(audience, envelopes, writes)
         self.hub.notify()
         return [e.msg_id for e in envelopes]
-
-    def _put_in_one_transaction(
-        self, audience: Audience, envelopes: list[Envelope], writes: Writes
-    ) -> None:
-        """The broker's queue and the index share one database transaction (the
-        embedded queue): entries and records commit together."""
-        with self._store.atomic():
-            refs = self._adapter.send(self.name, envelopes)
-            for rec, ref in zip(writes.created, refs, strict=True):
-                rec.native_ref = ref
-            if not all(self._store.commit_writes(writes)):
-                raise StaleRecord(writes.created[0].msg_id)  # a new id taken: nothing stays
-
-    def _put_colocated(self, audience: Audience, envelopes: list[Envelope], writes: Writes) -> None:
-        """The index on the broker's server: records and entries in one atomic step, the
-        journal as templates."""
-        assert self.hub.colocated is not None
-        if self._native:
-            self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
-        self.hub.colocated.send_indexed(self.name, envelopes, writes, self._store)
-
-    def _put_index_first(
-        self, audience: Audience, envelopes: list[Envelope], writes: Writes
-    ) -> None:
-        """The records first, then the broker (see :meth:`_put_via_broker`)."""
-        self._put_via_broker(audience, envelopes, writes.as_changes())
 
     def _check_ids(self, msg_ids: Sequence[str], count: int) -> list[str]:
         ids = [msg_ids] if isinstance(msg_ids, str) else list(msg_ids)
@@ -385,241 +328,6 @@ class Putting(Part):
         if len(set(ids)) != len(ids):
             raise InvalidArgument("msg_ids must be distinct within one put")
         return ids
-
-    def _put_fresh(self, audience: Audience, envelopes: list[Envelope], writes: Writes) -> bool:
-        """An idempotent put whose ids the index does not know yet (the usual case), on an
-        index apart from the broker, as a batch: the records in one commit (index first: a
-        broker entry must never exist without its record), the broker, then the native
-        references. False, having sent nothing, when an id is known (a repeat) or was
-        taken meanwhile: the caller settles the put as a repeat. If the broker refuses,
-        the records stay without references and the put raises: it is in doubt, and the
-        caller repeats it (the repeat sends what the broker lacks)."""
-        store = self._store
-        if store.load_many([e.msg_id for e in envelopes]):
-            return False
-        if self._native:
-            self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
-        try:
-            if not all(store.commit_writes(writes)):
-                return False  # raced: what was created here is sent by the repeat
-        except StaleRecord:
-            return False  # raced, and nothing was written
-        refs = self._adapter.send(self.name, envelopes)
-        store.set_native_refs([(e.msg_id, ref) for e, ref in zip(envelopes, refs, strict=True)])
-        return True
-
-    def _put_idempotent(
-        self, audience: Audience, envelopes: list[Envelope], changes: list[Change]
-    ) -> None:
-        # The usual case, none of the ids known yet, costs what a plain put costs; a
-        # creation that meets an existing record fails whole (StaleRecord, nothing
-        # written), and then each message is settled on its own.
-        try:
-            if self._shared_txn:
-                with self._store.atomic():
-                    refs = self._adapter.send(self.name, envelopes)
-                    for change, ref in zip(changes, refs, strict=True):
-                        change.record.native_ref = ref
-                    self._store.commit_many(changes)
-            else:
-                self._put_via_broker(audience, envelopes, changes, withdraw=False)
-            return
-        except StaleRecord:
-            pass
-        for change in changes:
-            change.record.native_ref = None
-        if not self._shared_txn and self.hub.colocated is None:
-            with contextlib.suppress(StaleRecord):  # raced: settle each on its own
-                self._repeat(audience, envelopes, changes)
-                return
-        for env, change in zip(envelopes, changes, strict=True):
-            self._put_once(env, change)
-
-    def _repeat(self, audience: Audience, envelopes: list[Envelope], changes: list[Change]) -> None:
-        """A repeated put, as a batch: records the index lacks are created, and what
-        the broker lacks (new records, and old ones an earlier attempt left without a
-        native reference) is sent in one call, in the put's order, so a key's messages
-        reach the broker in order. StaleRecord if someone creates one meanwhile."""
-        known = self._store.load_many([c.msg_id for c in changes])
-        for rec in known.values():
-            if rec.queue != self.name:
-                raise InvalidArgument(
-                    f"msg_id {rec.msg_id} already names a message of queue {rec.queue!r}, "
-                    f"not {self.name!r}; give each message its own id"
-                )
-        if self._probing is not None:
-            self._find_sent(known)
-        fresh = [c for c in changes if c.msg_id not in known]
-        if fresh:
-            if self._native:
-                self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
-            self._store.commit_many(fresh)
-        send = [
-            env
-            if env.msg_id not in known
-            else dataclasses.replace(env, put_at=known[env.msg_id].created_at)
-            for env in envelopes
-            if env.msg_id not in known or known[env.msg_id].native_ref is None
-        ]
-        if send:
-            log.debug(
-                "queue %s: a repeated put sends %d of %d (%d new)",
-                self.name,
-                len(send),
-                len(envelopes),
-                len(fresh),
-            )
-            refs = self._adapter.send(self.name, send)
-            self._store.set_native_refs([(e.msg_id, r) for e, r in zip(send, refs, strict=True)])
-
-    def _find_sent(self, known: dict[str, MessageRecord]) -> None:
-        """Records an earlier attempt left without a native reference: ask the broker
-        which it holds and record their references (in the index and in ``known``), so
-        only the rest is sent again."""
-        assert self._probing is not None
-        lost = [(r.msg_id, r.created_at) for r in known.values() if r.native_ref is None]
-        if not lost:
-            return
-        found = self._probing.find_sent(self.name, lost)
-        if found:
-            log.info(
-                "queue %s: %d of %d messages in doubt had reached the broker",
-                self.name,
-                len(found),
-                len(lost),
-            )
-            self._store.set_native_refs(sorted(found.items()))
-            for msg_id, ref in found.items():
-                known[msg_id].native_ref = ref
-
-    def _put_once(self, env: Envelope, change: Change) -> None:
-        """Create one message unless the index has it; send what the broker lacks."""
-        store = self._store
-        msg_id = change.msg_id
-        colocated = self.hub.colocated
-        for _ in range(CAS_ATTEMPTS):
-            try:
-                with store.atomic() if self._shared_txn else contextlib.nullcontext():
-                    try:
-                        rec: MessageRecord | None = store.load(msg_id)
-                    except MessageNotFound:
-                        rec = None
-                    if rec is None:
-                        if colocated is not None:
-                            # The record and the entry in one atomic step, as a first put
-                            # makes them: a kill can never leave one without the other.
-                            colocated.send_indexed(self.name, [env], [change], store)
-                            return
-                        if self._shared_txn:
-                            change.record.native_ref = self._adapter.send(self.name, [env])[0]
-                        store.commit(change)  # StaleRecord: someone created it meanwhile
-            except StaleRecord:
-                continue
-            if rec is None:
-                if not self._shared_txn:
-                    store.set_native_ref(msg_id, self._adapter.send(self.name, [env])[0])
-                return
-            if rec.queue != self.name:
-                raise InvalidArgument(
-                    f"msg_id {msg_id} already names a message of queue {rec.queue!r}, "
-                    f"not {self.name!r}; give each message its own id"
-                )
-            if rec.native_ref is None and not self._shared_txn and self._probing is not None:
-                # The broker may hold the entry already: the earlier attempt may have
-                # stopped after the broker took it, before its reference was recorded.
-                self._find_sent({msg_id: rec})
-            if rec.native_ref is None and not self._shared_txn:
-                # An earlier attempt stopped between the index and the broker (or, on a
-                # broker that cannot be asked, after it: then the broker gets a second
-                # entry, which the once-only rule makes harmless, see _accept).
-                sent = dataclasses.replace(env, put_at=rec.created_at)
-                store.set_native_ref(msg_id, self._adapter.send(self.name, [sent])[0])
-            return
-        raise ConcurrentUpdate(msg_id, CAS_ATTEMPTS)
-
-    def _put_then_index(
-        self, audience: Audience, envelopes: list[Envelope], writes: Writes
-    ) -> None:
-        """The broker first, then the records with their native references in one index
-        commit (:attr:`~iqbridge.adapter.Capabilities.index_after_send`).
-
-        A get that reads an entry before its record is committed gives it back (the put
-        is in flight) for :data:`SEND_FIRST_WINDOW` after the put began, and acknowledges
-        it as purged only after twice that. So the records are committed available only
-        within the window; a put whose broker took longer, or refused, is withdrawn in the
-        index (its records committed, then withdrawn: a get acknowledges the entries the
-        broker took) and raises. A put cut short between the broker and the index (the
-        process killed) leaves entries without records: no get hands them out, and the
-        put never returned their ids."""
-        if self._native:
-            self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
-        began = envelopes[0].put_at
-        try:
-            refs = self._adapter.send(self.name, envelopes)
-        except IQError as exc:
-            self._withdraw_put(writes, f"the broker refused the put ({type(exc).__name__})")
-            raise
-        took = self._now() - began
-        if took > SEND_FIRST_WINDOW * 1_000_000:
-            self._withdraw_put(writes, f"the broker took {took / 1e6:.0f} s to confirm the put")
-            raise BrokerUnavailable(
-                f"queue {self.name}: the broker at {self._adapter.url} took {took / 1e6:.1f} s "
-                f"to confirm a put of {len(envelopes)} message(s), more than "
-                f"{SEND_FIRST_WINDOW:g} s: the put is withdrawn; put them again"
-            )
-        for rec, ref in zip(writes.created, refs, strict=True):
-            rec.native_ref = ref
-        if not all(self._store.commit_writes(writes)):
-            raise StaleRecord(writes.created[0].msg_id)  # a new id taken: nothing stays
-
-    def _withdraw_put(self, writes: Writes, why: str) -> None:
-        """Record a put the broker did not take whole, withdrawn (best effort: a get
-        acknowledges an entry without its record once it is old enough)."""
-        try:
-            self._store.commit_writes(writes)
-        except (IQError, StaleRecord):
-            log.exception("queue %s: a failed put could not be recorded as withdrawn", self.name)
-            return
-        now = self._now()
-        undo = [engine.withdraw(rec, now, why) for rec in writes.created]
-        for change, ok in zip(undo, self._store.commit_each(undo), strict=True):
-            if not ok:  # someone moved it meanwhile: decide on a fresh read
-                self._apply(change.msg_id, lambda r: engine.withdraw(r, self._now(), why))
-
-    def _put_via_broker(
-        self,
-        audience: Audience,
-        envelopes: list[Envelope],
-        changes: list[Change],
-        *,
-        withdraw: bool = True,
-    ) -> None:
-        # Index first: a broker entry must never exist without its record (it would be
-        # adopted as a stranger's message). If the broker then refuses, withdraw, unless
-        # the put is idempotent (the caller repeats it, and the repeat sends).
-        if self._native:
-            self._declare_groups([*audience.subscribers, *(p.name for p in audience.pools)])
-        colocated = self.hub.colocated
-        if colocated is not None:
-            # One server: records and entries are written in one atomic step.
-            colocated.send_indexed(self.name, envelopes, changes, self._store)
-            return
-        self._store.commit_many(changes)
-        try:
-            refs = self._adapter.send(self.name, envelopes)
-        except IQError as exc:
-            if not withdraw:
-                raise
-            why = f"the broker refused the put ({type(exc).__name__})"
-            now = self._now()
-            undo = [engine.withdraw(c.record, now, why) for c in changes]
-            for change, ok in zip(undo, self._store.commit_each(undo), strict=True):
-                if not ok:  # someone moved it meanwhile: decide on a fresh read
-                    self._apply(change.msg_id, lambda r: engine.withdraw(r, self._now(), why))
-            raise
-        self._store.set_native_refs(
-            [(change.msg_id, ref) for change, ref in zip(changes, refs, strict=True)]
-        )
 
     def confirm_put(self, msg_id: str, *, detail: str | None = None) -> None:
         """Reveal a put made with ``confirm=True``: PUT -> REVEALED (``detail``, who and

@@ -14,7 +14,7 @@ from iqbridge.delivery import Delivery
 from iqbridge.errors import ConcurrentUpdate, IllegalTransition, LockedError
 from iqbridge.ids import adopted_id, new_token
 from iqbridge.model import Audience, MessageRecord, Received, Retained
-from iqbridge.putting import SEND_FIRST_WINDOW
+from iqbridge.put_paths import SEND_FIRST_WINDOW
 from iqbridge.queue_core import CAS_ATTEMPTS, Part, QueueCore
 from iqbridge.redaction import get_logger
 from iqbridge.settling import Settling
