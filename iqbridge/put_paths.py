@@ -237,31 +237,25 @@ class IndexFirst(PutPath):
         self._via_broker(audience, envelopes, writes.as_changes())
 
     def put_idempotent(self, audience: Audience, envelopes: list[Envelope], writes: Writes) -> None:
-        if self._fresh(audience, envelopes, writes):
+        known = self._store.load_many([e.msg_id for e in envelopes])
+        if not known and self._fresh(audience, envelopes, writes):
             return
+        # A repeat (ids known) or a race (an id taken between the read and the commit):
+        # settled as a repeat, on what was read unless a race made it stale.
         changes = writes.as_changes()
-        try:
-            self._via_broker(audience, envelopes, changes, withdraw=False)
-            return
-        except StaleRecord:
-            pass
-        for change in changes:
-            change.record.native_ref = None
-        with contextlib.suppress(StaleRecord):  # raced: settle each on its own
-            self._repeat(audience, envelopes, changes)
+        with contextlib.suppress(StaleRecord):  # raced again: settle each on its own
+            self._repeat(audience, envelopes, changes, known or None)
             return
         self._one_by_one(envelopes, changes)
 
     def _fresh(self, audience: Audience, envelopes: list[Envelope], writes: Writes) -> bool:
-        """An idempotent put whose ids the index does not know yet (the usual case), as a
+        """An idempotent put whose ids the index did not know (the usual case), as a
         batch: the records in one commit, the broker, then the native references. False,
-        having sent nothing, when an id is known (a repeat) or was taken meanwhile: the
-        caller settles the put as a repeat. If the broker refuses, the records stay
-        without references and the put raises: it is in doubt, and the caller repeats
-        it (the repeat sends what the broker lacks)."""
+        having sent nothing, when an id was taken meanwhile: the caller settles the put as
+        a repeat. If the broker refuses, the records stay without references and the put
+        raises: it is in doubt, and the caller repeats it (the repeat sends what the
+        broker lacks)."""
         store = self._store
-        if store.load_many([e.msg_id for e in envelopes]):
-            return False
         self._declare_audience(audience)
         try:
             if not all(store.commit_writes(writes)):
@@ -273,23 +267,16 @@ class IndexFirst(PutPath):
         return True
 
     def _via_broker(
-        self,
-        audience: Audience,
-        envelopes: list[Envelope],
-        changes: list[Change],
-        *,
-        withdraw: bool = True,
+        self, audience: Audience, envelopes: list[Envelope], changes: list[Change]
     ) -> None:
         # Index first: a broker entry must never exist without its record. If the broker
-        # then refuses, withdraw, unless the put is idempotent (the caller repeats it, and
-        # the repeat sends).
+        # then refuses, withdraw (an idempotent put keeps its records instead: the caller
+        # repeats it, and the repeat sends; see _fresh).
         self._declare_audience(audience)
         self._store.commit_many(changes)
         try:
             refs = self._adapter.send(self.name, envelopes)
         except IQError as exc:
-            if not withdraw:
-                raise
             why = f"the broker refused the put ({type(exc).__name__})"
             now = self._now()
             undo = [engine.withdraw(c.record, now, why) for c in changes]
@@ -301,12 +288,20 @@ class IndexFirst(PutPath):
             [(change.msg_id, ref) for change, ref in zip(changes, refs, strict=True)]
         )
 
-    def _repeat(self, audience: Audience, envelopes: list[Envelope], changes: list[Change]) -> None:
+    def _repeat(
+        self,
+        audience: Audience,
+        envelopes: list[Envelope],
+        changes: list[Change],
+        known: dict[str, MessageRecord] | None,
+    ) -> None:
         """A repeated put, as a batch: records the index lacks are created, and what
         the broker lacks (new records, and old ones an earlier attempt left without a
         native reference) is sent in one call, in the put's order, so a key's messages
-        reach the broker in order. StaleRecord if someone creates one meanwhile."""
-        known = self._store.load_many([c.msg_id for c in changes])
+        reach the broker in order. ``known``: the records just read, None to read them.
+        StaleRecord if someone creates one meanwhile."""
+        if known is None:
+            known = self._store.load_many([c.msg_id for c in changes])
         for rec in known.values():
             self._check_queue(rec)
         if self._probing is not None:

@@ -7,6 +7,7 @@ every store encodes, matches and reports the same way. Nothing here reads a payl
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "entries_to_json",
     "matches",
     "member_row_json",
+    "record_fixed",
     "members_from_json",
     "members_to_json",
     "record_from_json",
@@ -154,6 +156,29 @@ def record_to_json(rec: MessageRecord) -> str:
             _member_rows(rec),
         ]
     )
+
+
+#: The values of a record's JSON (:func:`record_to_json`) other than its members, its
+#: publisher state and its last change's time: what a move of members only leaves as
+#: it was.
+record_fixed = operator.attrgetter(
+    "queue",
+    "publisher",
+    "ordering_key",
+    "correlation_id",
+    "priority",
+    "mode",
+    "parents",
+    "content_type",
+    "size",
+    "created_at",
+    "expires_at",
+    "max_attempts",
+    "withdrawn",
+    "lock_id",
+    "lock_owner",
+    "lock_until",
+)
 
 
 def record_from_json(

@@ -20,8 +20,8 @@ from iqbridge.stores.codec import (
     JOURNAL_PER_ROW,
     encode,
     entries_to_json,
-    member_moves,
     member_row_json,
+    record_fixed,
     record_to_json,
 )
 from iqbridge.stores.redis_base import RedisStoreBase
@@ -306,26 +306,22 @@ class RedisCommits(RedisStoreBase):
         self._call(lambda: self._native_ref(keys=keys, args=args))
 
 
-#: A record's fields a move of members only may change (the rest is the record JSON's).
-_MOVING = frozenset({"members", "publisher_state", "version", "updated_at", "seq", "native_ref"})
-
-
 def members_apart(prev: MessageRecord, rec: MessageRecord) -> str | None:
     """What the scripts need of a move from ``prev`` to ``rec`` that changed only members
-    (and the publisher state): the publisher state ("-" if unchanged), then each moved
-    member's subscriber and row, joined by newlines (names have no whitespace, a JSON
-    row no raw newline); they are written apart (``ms:<msg_id>``, see
+    (and the publisher state): the publisher state ("-" if unchanged), then the subscriber
+    and row of each member ``prev`` does not share (the batch engine makes a new member
+    object for each it moves), joined by newlines (names have no whitespace, a JSON row
+    no raw newline); they are written apart (``ms:<msg_id>``, see
     :mod:`~iqbridge.stores.redis_records`). None when anything else of the record
     changed: then the record JSON is written whole."""
-    if rec.publisher_state is None or rec.members.keys() != prev.members.keys():
+    if (
+        rec.publisher_state is None
+        or rec.members.keys() != prev.members.keys()
+        or record_fixed(rec) != record_fixed(prev)
+    ):
         return None
-    was = prev.__dict__
-    for name, value in rec.__dict__.items():
-        if name not in _MOVING and was.get(name) != value:
-            return None
     parts = ["-" if rec.publisher_state is prev.publisher_state else rec.publisher_state.value]
     for name, m in rec.members.items():
-        old = prev.members[name]
-        if old is not m and (old.pool != m.pool or member_moves(old) != member_moves(m)):
+        if prev.members[name] is not m:  # the batch engine's moves make a new member
             parts += (name, member_row_json(m))
     return "\n".join(parts) if len(parts) > 1 else None

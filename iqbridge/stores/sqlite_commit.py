@@ -52,11 +52,6 @@ _DELETE_READY = "DELETE FROM iq_ready WHERE queue=? AND subscriber=? AND priorit
 _INSERT_JOURNAL = "INSERT INTO iq_journal (seq, msg_id, queue, entries) VALUES (?,?,?,?)"
 # Journal entries of one change share a row; entry seq = row seq * _PER_ROW + position.
 # A batch's templated entries share a row too (msg_id ''; see codec.batch_entries_to_json).
-_UPDATE_MOVED = (
-    "UPDATE iq_messages SET publisher_state=?, withdrawn=?, updated_at=?, lock_id=?,"
-    " lock_owner=?, lock_until=?, version=?, members=?, journal=journal || ?,"
-    " next_due=? WHERE seq=? AND version=?"
-)
 _CHUNK = 500
 
 _AVAILABLE = SubscriberState.AVAILABLE
@@ -228,14 +223,7 @@ class SqliteCommits:
             more = seqs.get(rec.msg_id)
             rows.append(
                 (
-                    rec.publisher_state,
-                    int(rec.withdrawn),
-                    rec.updated_at,
-                    rec.lock_id,
-                    rec.lock_owner,
-                    rec.lock_until,
-                    rec.version,
-                    _members_json(rec),
+                    *_moving(rec, _members_json(rec)),
                     "," + more if more else "",
                     rec.due_at(),
                     before.seq,
@@ -244,7 +232,7 @@ class SqliteCommits:
             )
             _ready_delta(before, rec, add, drop)
         if rows:
-            conn.executemany(_UPDATE_MOVED, rows)
+            conn.executemany(_UPDATE_MSG, rows)
         if drop:
             conn.executemany(_DELETE_READY, drop)
         if add:

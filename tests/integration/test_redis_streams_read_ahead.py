@@ -91,6 +91,24 @@ def test_a_record_read_ahead_that_went_stale_is_decided_afresh(url: str) -> None
         assert adapter.pending("orders", "a") == {}
 
 
+def _count_scripts(hub: iqbridge.Hub) -> dict[str, int]:
+    """Count the script calls of the hub's adapter (``receive``: its receive script) and
+    of its Redis index (``index``: every store script, writes.lua included), as they
+    happen."""
+    calls = {"receive": 0, "index": 0}
+    adapter, store = hub.adapter, hub.store
+    assert isinstance(adapter, RedisStreamsAdapter)
+    for owner, kind in ((adapter, "receive"), (store, "index")):
+        run = owner._direct.run  # type: ignore[attr-defined]
+
+        def counting(script: Any, keys: Any, args: Any, _run: Any = run, _k: str = kind) -> Any:
+            calls[_k] += 1
+            return _run(script, keys, args)
+
+        owner._direct.run = counting  # type: ignore[attr-defined]
+    return calls
+
+
 def test_a_pool_member_reads_its_own_group_and_its_pool_in_one_round_trip(url: str) -> None:
     """A pool member named directly in a put and serving its pool: one receive script
     call covers both groups, in order (its own group first)."""
@@ -99,23 +117,13 @@ def test_a_pool_member_reads_its_own_group_and_its_pool_in_one_round_trip(url: s
         queue.subscribe_pool("workers", ["w1", "w2"])
         pooled = queue.put(b"pooled")
         direct = queue.put(b"direct", to="w1")
-        adapter = hub.adapter
-        assert isinstance(adapter, RedisStreamsAdapter)
-        calls = 0
-        run = adapter._direct.run
-
-        def counting(script: Any, keys: Any, args: Any) -> Any:
-            nonlocal calls
-            calls += script is adapter._receive
-            return run(script, keys, args)
-
-        adapter._direct.run = counting  # type: ignore[method-assign]
+        calls = _count_scripts(hub)
         got = []
         while (d := queue.get("w1")) is not None:
             got.append(d.msg_id)
             d.done()
         assert got == [direct, pooled]
-        assert calls == 3  # one per delivery, one that found nothing
+        assert calls["receive"] == 3  # one per delivery, one that found nothing
 
 
 def test_what_a_pool_member_read_ahead_is_offered_to_the_other_members(url: str) -> None:
@@ -190,18 +198,11 @@ def test_a_read_that_claims_on_the_way_reads_no_more_than_it_claims(url: str) ->
         ids = queue.put_many([f"m{i}".encode() for i in range(40)], ordering_key="k")
         adapter = hub.adapter
         assert isinstance(adapter, RedisStreamsAdapter)
-        calls = 0
-        run = adapter._direct.run
-
-        def counting(script: Any, keys: Any, args: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            return run(script, keys, args)
-
-        adapter._direct.run = counting  # type: ignore[method-assign]
+        calls = _count_scripts(hub)
         first = queue.get("a")
         assert first is not None and first.msg_id == ids[0]
-        assert calls == 1  # the read and its claim: one script call
+        # The read and its claim: one script call, no commit of the index's own.
+        assert calls == {"receive": 1, "index": 0}
         stream = adapter.key("orders")
         client = redis.Redis.from_url(REDIS_URL)
         try:
@@ -211,7 +212,7 @@ def test_a_read_that_claims_on_the_way_reads_no_more_than_it_claims(url: str) ->
             assert client.xpending(stream, "a")["pending"] == 21
         finally:
             client.close()
-        assert calls == 2
+        assert calls == {"receive": 2, "index": 0}
     finally:
         hub.close()
     assert _taken_over(url, ids) == ids

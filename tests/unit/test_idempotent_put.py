@@ -158,6 +158,27 @@ def test_an_id_created_between_the_read_and_the_commit_is_settled_as_a_repeat() 
         assert [r.msg_id for r in q.search()] == [theirs, mine]
 
 
+def test_a_repeat_reads_the_index_once_and_writes_nothing_it_has() -> None:
+    # On an index apart from the broker: the put's one read finds the ids, and the
+    # repeat goes on from it (no second read, no commit bound to fail on a taken id).
+    with iqbridge.connect("memory://") as hub:
+        q = hub.queue("orders")
+        ids = q.put_many(["a", "b"], to=["s"], msg_ids=[new_id(), new_id()])
+        store = hub.store
+        calls: dict[str, int] = {"load_many": 0, "commit_many": 0, "commit_writes": 0}
+        for name in calls:
+            real = getattr(store, name)
+
+            def counted(*args: object, _name: str = name, _real: object = real) -> object:
+                calls[_name] += 1
+                return _real(*args)  # type: ignore[operator]
+
+            setattr(store, name, counted)
+        assert q.put_many(["a", "b"], to=["s"], msg_ids=ids) == ids
+        assert calls == {"load_many": 1, "commit_many": 0, "commit_writes": 0}
+        assert sorted(drain(q, "s")) == ["a", "b"]
+
+
 def test_a_plain_put_refused_by_the_broker_is_still_withdrawn() -> None:
     with iqbridge.connect("memory://") as hub:
         q = hub.queue("orders")
