@@ -63,6 +63,7 @@ from tenacity import (
 
 from iqbridge.adapter import Capabilities, ClaimOnReceive
 from iqbridge.engine import Change
+from iqbridge.engine_batch import SettlePlan
 from iqbridge.errors import BrokerUnavailable, ConfigurationError, IQError
 from iqbridge.ids import new_token
 from iqbridge.inventory import Entry, Unacked
@@ -602,6 +603,19 @@ class RedisStreamsAdapter:
         if not acks:
             return store.commit_writes(writes)
         return store.commit_writes_acking(writes, self.key(queue), acks)
+
+    def settle_held(
+        self,
+        queue: str,
+        plan: SettlePlan,
+        at: int,
+        held: Sequence[tuple[str, str, str, str]],
+        store: object,
+    ) -> list[bool]:
+        """Settle held messages where the index lives and ``XACK`` the entries of what
+        moved, in one script call (see :meth:`RedisStore.settle_held`)."""
+        assert isinstance(store, RedisStore)
+        return store.settle_held(queue, self.key(queue), plan, at, held)
 
     def ack(self, queue: str, group: str, refs: Sequence[str]) -> None:
         """``XACK``, batched: sent with the group's next receive, or once 64 are held or

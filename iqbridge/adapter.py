@@ -28,6 +28,7 @@ from iqbridge.model import Envelope, Received
 
 if TYPE_CHECKING:
     from iqbridge.engine import Change
+    from iqbridge.engine_batch import SettlePlan
     from iqbridge.writes import Writes
 
 __all__ = [
@@ -212,6 +213,21 @@ class Colocated(Protocol):
         acknowledge, in the same atomic step, the broker entries ``acks`` names (the
         record's position in the order created, moved, changes; the group; the entry)
         of the records that hold."""
+        ...
+
+    def settle_held(
+        self,
+        queue: str,
+        plan: SettlePlan,
+        at: int,
+        held: Sequence[tuple[str, str, str, str]],
+        store: object,
+    ) -> list[bool]:
+        """Settle held messages of one subscriber where the index lives, by ``plan``
+        (decided from the transition table once for the batch), acknowledging the broker
+        entries of what moved in the same atomic step: ``held`` is (msg_id, lease token,
+        consumer group, entry id) per message, no record. One flag per message: moved, or
+        left as it was for the per-message engine."""
         ...
 
     def receive_indexed(

@@ -79,6 +79,7 @@ class Delivery:
         attempt: int,
         max_attempts: int,
         record: MessageRecord | None = None,
+        hold: Hold | None = None,
     ) -> None:
         self._mover = mover
         self._envelope = envelope
@@ -88,7 +89,7 @@ class Delivery:
         self.attempt = attempt
         self.max_attempts = max_attempts
         #: The claim behind this delivery (what the queue moves; iqbridge's own).
-        self.hold = Hold(envelope.msg_id, subscriber, token, record)
+        self.hold = hold if hold is not None else Hold(envelope.msg_id, subscriber, token, record)
         self._span: tracing.Open | None = None
 
     @property
@@ -173,11 +174,8 @@ class Delivery:
     @property
     def lease_until_us(self) -> int | None:
         """:attr:`lease_until` in microseconds since the epoch, on the hub's clock."""
-        rec = self.hold.record
-        if rec is None or self.state not in IN_DOUBT:
-            return None
-        member = rec.members.get(self.subscriber)
-        return None if member is None else member.lease_until
+        hold = self.hold
+        return hold.lease_until if hold.state in IN_DOUBT else None
 
     @property
     def confirm_id(self) -> str:

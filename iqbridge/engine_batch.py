@@ -16,6 +16,7 @@ intact if the commit does not hold.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from iqbridge.model import Audience, Member, MessageRecord
 from iqbridge.states import (
@@ -30,7 +31,7 @@ from iqbridge.states import (
 )
 from iqbridge.writes import Step, Steps
 
-__all__ = ["NewItem", "claim", "create", "settle"]
+__all__ = ["NewItem", "SettlePlan", "claim", "create", "settle", "settle_plan"]
 
 S = SubscriberState
 P = PublisherState
@@ -263,3 +264,45 @@ def settle(
             group = groups[key] = Steps(stamp, steps)
         group.items.append((rec.msg_id, m.attempt))
     return moved, list(groups.values()), off
+
+
+class SettlePlan(NamedTuple):
+    """A batch settle decided from the transition table once, for a store that applies
+    it to each message where the message lives (the Redis index's settle script): what
+    :func:`settle` does, as data.
+
+    ``moves`` maps each state a held member may be settled from to the state it moves
+    to, the state it is journalled to next (or None) and the journal steps of those
+    moves (JSON-ready ``[actor, kind, src, dst, detail]``); ``publisher`` maps the
+    publisher states that move once every member is ``JOURNALLED`` to where they move,
+    with their step as ``[kind, src, dst, detail]`` (the actor is each message's publisher).
+    A message whose member is in none of the ``moves`` states, or held under another
+    token, is left to the per-message engine (it raises the right error)."""
+
+    subscriber: str
+    kind: str
+    moves: dict[SubscriberState, tuple[SubscriberState, SubscriberState | None, list[list[Any]]]]
+    publisher: dict[PublisherState, tuple[PublisherState, list[Any]]]
+
+
+def settle_plan(subscriber: str, kind: str, *, auto_journal: bool = True) -> SettlePlan:
+    """:func:`settle`'s moves for ``kind`` ("done" or "process") of ``subscriber``'s
+    held members, looked up in the transition table once (see :class:`SettlePlan`)."""
+    event = SubEvent.DONE if kind == "done" else SubEvent.PROCESS
+    moves: dict[SubscriberState, tuple[SubscriberState, SubscriberState | None, list[list[Any]]]]
+    moves = {}
+    srcs = (S.FETCHED, S.IN_PROCESS) if kind == "done" else (S.FETCHED,)
+    for src in srcs:
+        dst = subscriber_move("", subscriber, src, event)
+        steps: list[list[Any]] = [[subscriber, _SUB.value, src.value, dst.value, None]]
+        last: SubscriberState | None = None
+        if dst is S.DONE and auto_journal:
+            last = subscriber_move("", subscriber, dst, SubEvent.JOURNAL)
+            steps.append([subscriber, _SUB.value, dst.value, last.value, None])
+        moves[src] = (dst, last, steps)
+    publisher: dict[PublisherState, tuple[PublisherState, list[Any]]] = {}
+    if any(last is S.JOURNALLED for _, last, _ in moves.values()):
+        for pub in (P.REVEALED, P.UNAVAILABLE):
+            done = publisher_move("", "", pub, PubEvent.JOURNAL)
+            publisher[pub] = (done, [_PUB.value, pub.value, done.value, None])
+    return SettlePlan(subscriber, kind, moves, publisher)

@@ -55,6 +55,7 @@ class Settling(Part):
         #: on the broker's server with its acknowledgements (the index co-located with a
         #: native-group broker), else in the index store.
         self._colocated = self.hub.colocated if self._native else None
+        self._settle_plans: dict[tuple[str, str], engine_batch.SettlePlan] = {}
 
     def _op(
         self, move: Move, subscriber: str, token: str | None
@@ -187,6 +188,8 @@ class Settling(Part):
         batched: list[tuple[Hold, Move]] = []
         single: list[tuple[Hold, Move]] = []
         retry: list[tuple[Hold, Move]] = []
+        if self._colocated is not None and transaction is None:
+            held = self._settle_where_held(held, result, retry)
         self._plan_settles(held, writes, batched, single, retry)
         store = self._store
         moved: list[tuple[Hold, Move, MessageRecord]] = []
@@ -240,6 +243,56 @@ class Settling(Part):
         else:
             self._tell_after_commit(binding, transaction, told)
         return result
+
+    def _settle_where_held(
+        self,
+        held: Sequence[tuple[Hold, Move]],
+        result: Settled,
+        retry: list[tuple[Hold, Move]],
+    ) -> list[tuple[Hold, Move]]:
+        """Done and in-process moves settled where the index lives, with the broker's
+        acknowledgements (the index co-located with the broker): one plan per subscriber
+        and kind from the transition table, then one call that compares and sets each
+        message's member there, no record on either side. A message off the common path
+        goes to ``retry`` (moved on a fresh read by the per-message engine, which raises
+        the right error). Returns the other moves, for the index's usual path."""
+        assert self._colocated is not None
+        rest: list[tuple[Hold, Move]] = []
+        groups: dict[tuple[str, str], list[tuple[Hold, Move, tuple[str, str, str, str]]]] = {}
+        for d, move in held:
+            item = self._held_item(d) if move.kind in ("done", "process") else None
+            if item is None:
+                rest.append((d, move))
+            else:
+                groups.setdefault((d.subscriber, move.kind), []).append((d, move, item))
+        for (subscriber, kind), group in groups.items():
+            plan = self._settle_plans.get((subscriber, kind))
+            if plan is None:
+                plan = engine_batch.settle_plan(subscriber, kind, auto_journal=self.auto_journal)
+                self._settle_plans[(subscriber, kind)] = plan
+            flags = self._colocated.settle_held(
+                self.name, plan, self._now(), [item for _, _, item in group], self._store
+            )
+            for (d, move, _), ok in zip(group, flags, strict=True):
+                if not ok:
+                    retry.append((d, move))
+                    continue
+                dst, last, _ = plan.moves.get(d.state) or next(iter(plan.moves.values()))
+                d.moved(last or dst, held=kind == "process")
+                if kind == "done":
+                    result.done.append(d.msg_id)
+        return rest
+
+    @staticmethod
+    def _held_item(d: Hold) -> tuple[str, str, str, str] | None:
+        """(msg_id, token, consumer group, entry id) of a hold, or None if unknown."""
+        if d.group is not None and d.ref is not None:
+            return (d.msg_id, d.token, d.group, d.ref)
+        rec = d.record
+        member = rec.members.get(d.subscriber) if rec is not None else None
+        if rec is None or member is None:
+            return None
+        return (d.msg_id, d.token, member.pool or d.subscriber, rec.native_ref or "")
 
     def _plan_settles(
         self,

@@ -19,7 +19,16 @@ from redis.exceptions import NoScriptError
 
 __all__ = ["DirectScripts"]
 
-_SCRIPTS = ("commit", "writes", "available", "history", "page", "purge", "native_ref")
+_SCRIPTS = (
+    "commit",
+    "writes",
+    "settle",
+    "available",
+    "history",
+    "page",
+    "purge",
+    "native_ref",
+)
 
 
 def _lua(name: str) -> str:

@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from iqbridge.engine_batch import SettlePlan
 from iqbridge.ids import new_token
 from iqbridge.model import MessageRecord, Retained
+from iqbridge.states import SubscriberState
 from iqbridge.stores.base import StaleRecord
 from iqbridge.stores.codec import (
     JOURNAL_PER_ROW,
@@ -29,6 +31,15 @@ from iqbridge.writes import Writes
 __all__ = ["RedisWrites"]
 
 _Layout = tuple[list[str], list[str], int | None, dict[str, str]]
+#: Messages per settle.lua call: their journal entries (at most three each) fit one
+#: journal row.
+_SETTLE_CHUNK = 5000
+_DOUBT = (
+    SubscriberState.GET.value,
+    SubscriberState.FETCHED.value,
+    SubscriberState.IN_PROCESS.value,
+    SubscriberState.JOURNALLED.value,
+)
 _EMPTY: _Layout = ([], [], None, {})
 
 
@@ -134,6 +145,62 @@ class RedisWrites(RedisCommits):
         seqs, _ = self._run_writes(writes, "each", stream, (), acks)
         return [seq > 0 for seq in seqs]
 
+    def settle_held(
+        self,
+        queue: str,
+        stream: str,
+        plan: SettlePlan,
+        at: int,
+        held: Sequence[tuple[str, str, str, str]],
+    ) -> list[bool]:
+        """Settle held messages of one subscriber where they live (``stores/lua/settle.lua``):
+        ``plan``'s moves, looked up in the transition table once, applied to each message
+        whose member is in one of its states under the given token, the publisher
+        journalled once every member is, the journal written per group, and the entries
+        of what moved acknowledged on ``stream`` (on this server), in one script call per
+        up to 5,000 messages. ``held`` is (msg_id, token, consumer group, entry id or "")
+        per message; the client sends no record. One flag per message: settled, or left
+        as it was (off the common path: for the per-message engine)."""
+        if not held:
+            return []
+        head: list[Any] = [str(at), len(plan.moves)]
+        for src, (dst, last, steps) in plan.moves.items():
+            head += [src.value, dst.value, last.value if last else ""]
+            head.append(",".join(encode(step) for step in steps))
+        head.append(len(plan.publisher))
+        for pub, (done, step) in plan.publisher.items():
+            head += [pub.value, done.value, encode(step)[1:]]
+        head += _DOUBT
+        flags: list[bool] = []
+        for i in range(0, len(held), _SETTLE_CHUNK):
+            chunk = held[i : i + _SETTLE_CHUNK]
+            write_id = new_token()
+            args: list[Any] = [self.keyspace, write_id, self._done_ttl(), queue, plan.subscriber]
+            args += head
+            args.append(len(chunk))
+            for item in chunk:
+                args += item
+            result = self._run_once(self._settle, [stream], args, write_id)
+            flags += [flag == "1" for flag in _text(result[1]).split(",")]
+        return flags
+
+    def _run_once(self, script: Any, keys: list[str], args: list[Any], write_id: str) -> Any:
+        """Run a script that keeps its reply under "done:<write id>": retried on a dropped
+        connection, a retry reads the kept reply first (the call may have applied)."""
+        done_key = f"{self.keyspace}done:{write_id}"
+        tried = False
+
+        def attempt() -> Any:
+            nonlocal tried
+            if tried:
+                kept = self._r.get(done_key)
+                if kept is not None:
+                    return kept.split(" ")
+            tried = True
+            return self._direct.run(script, keys, args)
+
+        return self._call(attempt)
+
     def commit_writes_with_entries(
         self, writes: Writes, stream: str, entries: Sequence[Sequence[bytes | str]]
     ) -> list[str]:
@@ -228,19 +295,7 @@ class RedisWrites(RedisCommits):
             for n, name, ref in acks:
                 args += [n + 1, name, ref]
         keys = [self._seq_key] if stream is None else [self._seq_key, stream]
-        done_key = f"{self.keyspace}done:{write_id}"
-        tried = False
-
-        def attempt() -> Any:
-            nonlocal tried
-            if tried:
-                kept = self._r.get(done_key)
-                if kept is not None:
-                    return kept.split(" ")
-            tried = True
-            return self._direct.run(self._writes, keys, args)
-
-        result: list[Any] = self._call(attempt)
+        result: list[Any] = self._run_once(self._writes, keys, args, write_id)
         if result[0] == "stale":
             raise StaleRecord(_text(result[1]))
         seqs = [int(seq) for seq in _text(result[1]).split(",")]

@@ -74,9 +74,13 @@ def test_a_batch_claim_is_one_journal_entry_and_the_index_stays_consistent(url: 
         assert other.msg_ids == ids
         assert set(_apart(hub, ids[0])) == {"a", "b"}
         check_redis_index(hub.store)
-        batch.done()  # each moved on meanwhile (b's claim): settled again on a fresh read
-        # Settled one by one on a fresh read: each record written whole, nothing apart.
-        assert all(_apart(hub, msg_id) == {} for msg_id in ids)
+        # Each record moved on meanwhile (b's claim): the settle compares a's member and
+        # token where the index lives, not the record's version, so it holds at once,
+        # in one script call, and both rows stay apart.
+        rows = _journal_rows(hub)
+        batch.done()
+        assert _journal_rows(hub) == rows + 1
+        assert all(set(_apart(hub, msg_id)) == {"a", "b"} for msg_id in ids)
         for msg_id in ids:
             view = q.state(msg_id).subscribers
             assert (view["a"].state, view["b"].state) == (S.JOURNALLED, S.FETCHED)
@@ -196,4 +200,129 @@ def test_messages_off_the_common_path_are_claimed_by_the_facade(url: str) -> Non
         assert left == [*pooled, limited]  # not claimed by the receive script
         got.done()
         d.done()
+        check_redis_index(hub.store)
+
+
+# --- the settle where the index lives (stores/lua/settle.lua) -------------------------
+
+
+def test_a_batch_done_moves_the_publisher_once_every_member_is_journalled(url: str) -> None:
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders", lease=60)
+        q.subscribe("a")
+        q.subscribe("b")
+        ids = q.put_many([f"m{i}".encode() for i in range(6)])
+        a, b = q.get_many("a", 6), q.get_many("b", 6)
+        assert a.done().done == ids
+        for msg_id in ids:
+            state = q.state(msg_id)
+            assert state.publisher_state is iqbridge.PublisherState.REVEALED
+            assert state.subscribers["a"].state is S.JOURNALLED
+            member = hub.store.load(msg_id).members["a"]
+            assert (member.outcome, member.lease_until) == (S.DONE, None)
+            assert state.subscribers["b"].state is S.FETCHED
+        check_redis_index(hub.store)
+        assert b.done().done == ids
+        assert [m.msg_id for m in q.search(state=iqbridge.PublisherState.JOURNALLED)] == ids
+        assert q.search(state=iqbridge.PublisherState.REVEALED) == []
+        for msg_id in ids:
+            moves = [(e.actor, e.src, e.dst) for e in q.state(msg_id).journal]
+            assert moves[-3:] == [
+                ("b", "FETCHED", "DONE"),
+                ("b", "DONE", "JOURNALLED"),
+                (q.state(msg_id).publisher, "REVEALED", "JOURNALLED"),
+            ]
+        check_redis_index(hub.store)
+
+
+def test_in_process_then_done_where_held_keeps_then_ends_the_lease(url: str) -> None:
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders", lease=60)
+        q.subscribe("a")
+        ids = q.put_many([b"1", b"2"])
+        batch = q.get_many("a", 2)
+        leases = [d.lease_until_us for d in batch]
+        assert all(lease is not None for lease in leases)
+        batch.in_process()
+        assert [d.state for d in batch] == [S.IN_PROCESS, S.IN_PROCESS]
+        assert [d.lease_until_us for d in batch] == leases
+        for msg_id in ids:
+            assert q.state(msg_id).subscribers["a"].state is S.IN_PROCESS
+        batch.done()
+        assert [d.lease_until_us for d in batch] == [None, None]
+        for msg_id in ids:
+            state = q.state(msg_id)
+            assert state.subscribers["a"].state is S.JOURNALLED
+            assert [e.dst for e in state.journal][-4:] == [
+                "IN_PROCESS",
+                "DONE",
+                "JOURNALLED",
+                "JOURNALLED",
+            ]
+        check_redis_index(hub.store)
+        assert hub.store.due("orders", 2**62, 10) == []
+
+
+def test_a_done_without_auto_journal_stays_done_and_the_publisher_waits(url: str) -> None:
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders", lease=60, auto_journal=False)
+        q.subscribe("a")
+        ids = q.put_many([b"1", b"2"])
+        q.get_many("a", 2).done()
+        for msg_id in ids:
+            state = q.state(msg_id)
+            assert state.subscribers["a"].state is S.DONE
+            assert state.publisher_state is iqbridge.PublisherState.REVEALED
+        check_redis_index(hub.store)
+
+
+def test_a_settle_whose_reply_is_lost_is_not_made_twice(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from iqbridge.stores import redis_scripts
+
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders", lease=60)
+        q.subscribe("a")
+        ids = q.put_many([b"1", b"2", b"3"])
+        batch = q.get_many("a", 3)
+        real = redis_scripts.DirectScripts.run
+        lost: list[str] = []
+
+        def run(self: Any, script: Any, keys: Any, args: Any) -> Any:
+            reply = real(self, script, keys, args)
+            if script.sha == hub.store._settle.sha and not lost:  # type: ignore[attr-defined]
+                lost.append("reply")
+                raise RedisConnectionError("connection dropped after the script ran")
+            return reply
+
+        monkeypatch.setattr(redis_scripts.DirectScripts, "run", run)
+        settled = batch.done()
+        assert lost == ["reply"]
+        assert settled.done == ids and settled.lost == {}
+        for msg_id in ids:
+            assert sum(1 for e in q.state(msg_id).journal if e.dst == S.DONE.value) == 1
+        check_redis_index(hub.store)
+
+
+def test_a_settle_off_the_common_path_is_left_to_the_engine(url: str) -> None:
+    """A member no longer held under the batch's token (released, then claimed again) is
+    reported lost and left as it is; the others in the batch settle where they live."""
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders", lease=60)
+        q.subscribe("a")
+        ids = q.put_many([b"1", b"2", b"3"])
+        batch = q.get_many("a", 3)
+        first = next(iter(batch))
+        q.undo(first.confirm_id)  # given back: AVAILABLE again, attempt 2
+        again = q.get_many("a", 1)
+        assert again.msg_ids == [ids[0]]
+        settled = batch.done(partial=True)
+        assert settled.done == ids[1:]
+        assert list(settled.lost) == [ids[0]]
+        assert q.state(ids[0]).subscribers["a"].state is S.FETCHED
+        again.done()
+        assert q.state(ids[0]).subscribers["a"].state is S.JOURNALLED
         check_redis_index(hub.store)
