@@ -538,8 +538,18 @@ class RedisStreamsAdapter:
             env, adopted = decode_fields(key, ref, found[0][1])
             return Received(ref, group, env, adopted, delivery_count=how)
         rec = meta.get("r")
-        record = record_of(env.msg_id, rec) if rec else None
         token = meta.get("t")
+        if token and tokens is not None and rec and "a" in meta:
+            # Claimed on the way: the record (as read before the claim) is made only if
+            # a move needs it; the delivery needs the attempt and max attempts alone.
+            tokens[ref] = token
+            claimed = (
+                int(meta["a"]),
+                int(meta["ma"]),
+                functools.partial(record_of, env.msg_id, rec),
+            )
+            return Received(ref, group, env, delivery_count=how, claimed=claimed)
+        record = record_of(env.msg_id, rec) if rec else None
         if token and tokens is not None and record is not None:
             tokens[ref] = token
         return Received(ref, group, env, delivery_count=how, record=record)

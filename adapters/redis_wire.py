@@ -38,8 +38,9 @@ _H = "iq-h-"
 #: record prefix (the Redis index on the same server), each entry's index record is read
 #: too. Returns rows [id, how, group number, payload, JSON {"f": other fields, "r":
 #: record [v, s, n, r, u, {subscriber, member row, ...}] or false, "t": the claim's
-#: token, if claimed}] for iqbridge entries and [id, how, group number, flat fields] for
-#: others (a legacy producer's); how = 1 for a first delivery, 2 for a redelivery, 3 for
+#: token, "a" and "ma": the member's attempt and the message's max attempts, if
+#: claimed}] for iqbridge entries and [id, how, group number, flat fields] for others
+#: (a legacy producer's); how = 1 for a first delivery, 2 for a redelivery, 3 for
 #: one read again after a lost reply. The reply is {rows, numbers of the groups whose
 #: pending entries were read again to their end}.
 #:
@@ -166,7 +167,7 @@ local function claim(id, f, over)
   if row[5] >= 2 then
     redis.call('ZREM', rkey, id)
   end
-  return token
+  return token, row[5], r[13]
 end
 
 local out, reread = {}, {}
@@ -198,7 +199,7 @@ for g = 1, ngroups do
                 meta[fields[i]] = fields[i + 1]
               end
             end
-            local rec, token = false, nil
+            local rec, token, attempt, most = false, nil, nil, nil
             if rp ~= '' then
               local f = redis.call('HMGET', rp .. 'm:' .. id, 'v', 's', 'n', 'r', 'u', 'mo',
                 'x', 'lk', 'ix', 'h')
@@ -217,18 +218,19 @@ for g = 1, ngroups do
                         local row = cjson.decode(over[i + 1])
                         if row[3] == cstate and type(row[6]) == 'string'
                             and string.sub(row[6], 1, #mine) == mine then
-                          token = row[6]
+                          token, attempt, most = row[6], row[5], cjson.decode(f[4])[13]
                         end
                       end
                     end
                   end
                   if not token then
-                    token = claim(id, f, over)
+                    token, attempt, most = claim(id, f, over)
                   end
                 end
               end
             end
-            out[#out + 1] = {e[1], how, g, body, cjson.encode({f = meta, r = rec, t = token})}
+            out[#out + 1] = {e[1], how, g, body,
+              cjson.encode({f = meta, r = rec, t = token, a = attempt, ma = most})}
             if not token and csub == group then cstop = true end
           else
             out[#out + 1] = {e[1], how, g, fields}

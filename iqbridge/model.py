@@ -6,7 +6,7 @@ public views turn them into timezone-aware :class:`datetime.datetime` values.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
@@ -419,6 +419,10 @@ class Received:
     #: The index record as read with the entry (a co-located index), or None. A hint
     #: only: it may be stale by the time it is used; compare-and-set decides.
     record: MessageRecord | None = None
+    #: A claim the receive made on the way (a co-located index): the member's attempt,
+    #: the message's max attempts, and what makes the index record as read before the
+    #: claim (None if it has none), called only if a move needs the record.
+    claimed: tuple[int, int, Callable[[], MessageRecord | None]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

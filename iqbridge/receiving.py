@@ -12,6 +12,7 @@ from iqbridge import engine, engine_batch
 from iqbridge.adapter import ClaimOnReceive
 from iqbridge.delivery import Delivery
 from iqbridge.errors import ConcurrentUpdate, IllegalTransition, LockedError
+from iqbridge.holding import Hold
 from iqbridge.ids import adopted_id, new_token
 from iqbridge.model import Audience, MessageRecord, Received, Retained
 from iqbridge.put_paths import SEND_FIRST_WINDOW
@@ -185,8 +186,40 @@ class Receiving(Part):
         read and taken as it stands); the rest are resolved by :meth:`_accept_many`. In
         the order of ``batch``."""
         tokens = fused.tokens
-        mine = [(r, tokens[r.native_ref]) for r in batch if r.native_ref in tokens and r.record]
-        taken = {r.native_ref for r, _ in mine}
+        got: dict[str, Delivery] = {}
+        at, until = fused.at, fused.lease_until
+        for r in batch:
+            token = tokens.get(r.native_ref)
+            if token is None or r.claimed is None:
+                continue
+            attempt, most, read = r.claimed
+            hold = Hold(
+                r.envelope.msg_id,
+                subscriber,
+                token,
+                make=functools.partial(
+                    self._claimed_record,
+                    read,
+                    r.envelope.msg_id,
+                    subscriber,
+                    at,
+                    token,
+                    owner,
+                    until,
+                ),
+                group=r.group,
+                ref=r.native_ref,
+                lease_until=until,
+            )
+            got[r.native_ref] = Delivery(
+                self._settling, r.envelope, subscriber, token, attempt, most, hold=hold
+            )
+        mine = [
+            (r, tokens[r.native_ref])
+            for r in batch
+            if r.native_ref in tokens and r.record and r.native_ref not in got
+        ]
+        taken = {r.native_ref for r, _ in mine} | set(got)
         moved, _, off = engine_batch.claim(
             [r.record for r, _ in mine if r.record is not None],
             subscriber,
@@ -197,7 +230,6 @@ class Receiving(Part):
         )
         skip = set(off)
         common = iter(moved)
-        got: dict[str, Delivery] = {}
         stray: list[tuple[Received, str]] = []
         for k, (received, token) in enumerate(mine):
             if k in skip:
@@ -244,6 +276,28 @@ class Receiving(Part):
             if d is not None:
                 out.append(d)
         return out + list(by_id.values())
+
+    def _claimed_record(
+        self,
+        read: Callable[[], MessageRecord | None],
+        msg_id: str,
+        subscriber: str,
+        at: int,
+        token: str,
+        owner: str,
+        until: int | None,
+    ) -> MessageRecord | None:
+        """The record of a claim the receive made, when a move needs it: the claim applied
+        to the record as read before it (the batch engine, as the script made it), or,
+        where that would not have made it, the index's record as it stands."""
+        before = read()
+        if before is not None:
+            moved, _, _ = engine_batch.claim(
+                [before], subscriber, at, [token], owner=owner, lease_until=until
+            )
+            if moved:
+                return moved[0][1]
+        return self._store.load_many([msg_id]).get(msg_id)
 
     def _plan(
         self,
