@@ -77,6 +77,11 @@ class Hold:
         if record is not None:
             self._follow(record)
 
+    @property
+    def known(self) -> MessageRecord | None:
+        """The record if it is at hand (never made for asking)."""
+        return self._record
+
     def _follow(self, record: MessageRecord) -> None:
         member = record.members.get(self.subscriber)
         self.lease_until = member.lease_until if member is not None else None

@@ -357,7 +357,7 @@ class Settling(Part):
         if kind in ("process", "renew"):
             change = self._move(hold.msg_id, hold.subscriber, hold.token, move, hold.record)
         else:
-            with tracing.settle(kind, self, hold.msg_id, hold.subscriber, hold.record):
+            with tracing.settle(kind, self, hold.msg_id, hold.subscriber, hold.known):
                 if transaction is None or kind != "done":
                     change = self._move(hold.msg_id, hold.subscriber, hold.token, move, hold.record)
                 else:
