@@ -351,15 +351,20 @@ class SqliteCommits:
 
     def set_native_ref(self, msg_id: str, native_ref: str) -> None:
         """Record where the payload lives."""
-        with self.db.transaction() as conn:
-            conn.execute("UPDATE iq_messages SET native_ref=? WHERE msg_id=?", (native_ref, msg_id))
+        self.set_native_refs([(msg_id, native_ref)])
 
     def set_native_refs(self, refs: Sequence[tuple[str, str]]) -> None:
-        """Record where several payloads live, in one transaction; unknown ids are skipped."""
+        """Record where several payloads live, in one transaction; unknown ids are skipped.
+
+        The commit does not wait for the disk: a reference is what the broker said it
+        has, and one a power loss takes is a record without a reference, as after a crash
+        between the broker's send and this commit, which the index resolves as it does
+        then (the put's repeat and reconciliation ask the broker; a delivery brings its
+        reference again). So a put through the broker waits for the disk once."""
         if not refs:
             return
         try:
-            with self.db.transaction() as conn:
+            with self.db.transaction(wait_for_disk=False) as conn:
                 conn.executemany(
                     "UPDATE iq_messages SET native_ref=? WHERE msg_id=?",
                     [(ref, msg_id) for msg_id, ref in refs],

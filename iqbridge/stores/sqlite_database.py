@@ -9,6 +9,7 @@ transaction.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -232,13 +233,20 @@ class SqliteDatabase:
                 self._all.add(holder)
         return holder.conn
 
-    def transaction(self, *, savepoint: bool = True) -> _Transaction:
+    def transaction(self, *, savepoint: bool = True, wait_for_disk: bool = True) -> _Transaction:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` on this thread's connection.
 
         Nested use joins the enclosing transaction, inside a savepoint unless
         ``savepoint=False`` (for callers that fail before writing anything).
+
+        ``wait_for_disk=False``: the commit does not wait for the disk (``synchronous=
+        NORMAL`` for this transaction alone, with ``synchronous=full``). It survives a
+        crash of the process at once and a power loss once the next commit that waits
+        has (the write-ahead log is written in order). Only for what may be lost to a
+        power loss without changing an answer: what the index can learn again (the
+        broker references of messages it knows).
         """
-        return _Transaction(self, savepoint)
+        return _Transaction(self, savepoint, wait_for_disk)
 
     def close(self) -> None:
         """Close every thread's connection, once the last user of a shared one is done."""
@@ -271,11 +279,12 @@ class _Transaction:
     """The context manager behind :meth:`SqliteDatabase.transaction` (a class: it is on
     every hot path, and a generator-based one costs more)."""
 
-    __slots__ = ("conn", "db", "name", "savepoint")
+    __slots__ = ("conn", "db", "lazy", "name", "savepoint")
 
-    def __init__(self, db: SqliteDatabase, savepoint: bool) -> None:
+    def __init__(self, db: SqliteDatabase, savepoint: bool, wait_for_disk: bool = True) -> None:
         self.db = db
         self.savepoint = savepoint
+        self.lazy = not wait_for_disk and db.synchronous == "full"
         self.name: str | None = None
         self.conn: sqlite3.Connection | None = None
 
@@ -292,8 +301,11 @@ class _Transaction:
             return conn
         db._write_lock.acquire()
         try:
+            if self.lazy:
+                conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
+            self._restore(conn)
             db._write_lock.release()
             raise _translate(exc, db.path) from exc
         local.depth = 1
@@ -326,7 +338,14 @@ class _Transaction:
                 conn.execute("ROLLBACK")
                 raise _translate(err, self.db.path) from err
         finally:
+            self._restore(conn)
             self.db._write_lock.release()
+
+    def _restore(self, conn: sqlite3.Connection) -> None:
+        """Back to waiting for the disk after a transaction that did not."""
+        if self.lazy:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("PRAGMA synchronous=FULL")
 
 
 class _Conn:
