@@ -292,7 +292,9 @@ class Settling(Part):
         member = rec.members.get(d.subscriber) if rec is not None else None
         if rec is None or member is None:
             return None
-        return (d.msg_id, d.token, member.pool or d.subscriber, rec.native_ref or "")
+        # Kept: a later settle of this hold (done after in process) needs no record.
+        d.group, d.ref = member.pool or d.subscriber, rec.native_ref or ""
+        return (d.msg_id, d.token, d.group, d.ref)
 
     def _plan_settles(
         self,

@@ -326,3 +326,26 @@ def test_a_settle_off_the_common_path_is_left_to_the_engine(url: str) -> None:
         again.done()
         assert q.state(ids[0]).subscribers["a"].state is S.JOURNALLED
         check_redis_index(hub.store)
+
+
+def test_a_pool_batch_claimed_by_the_facade_settles_where_held_twice(url: str) -> None:
+    """Deliveries the facade claimed (a pool's: records at hand) settle where the index
+    lives too, in process and then done, each in one call and no per-message commit."""
+    from iqbridge.testing.contract_batches import counting
+
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders", lease=60)
+        q.subscribe_pool("workers", ["w1", "w2"])
+        ids = q.put_many([b"p1", b"p2", b"p3"], to=[Pool("workers", ("w1", "w2"))])
+        batch = q.get_many("w1", 5)
+        assert batch.msg_ids == ids
+        names = ("settle_held", "settle_indexed")
+        with counting(hub.adapter, names) as calls, counting(hub.store, ("commit",)) as one:
+            batch.in_process()
+            batch.done()
+        assert (calls["settle_held"], calls["settle_indexed"], one["commit"]) == (2, 0, 0)
+        for msg_id in ids:
+            state = q.state(msg_id)
+            assert state.subscribers["w1"].state is S.JOURNALLED
+            assert state.publisher_state is iqbridge.PublisherState.JOURNALLED
+        check_redis_index(hub.store)
