@@ -540,14 +540,10 @@ class RedisStreamsAdapter:
         rec = meta.get("r")
         token = meta.get("t")
         if token and tokens is not None and rec and "a" in meta:
-            # Claimed on the way: the record (as read before the claim) is made only if
-            # a move needs it; the delivery needs the attempt and max attempts alone.
+            # Claimed on the way: its record is made only if a move needs it.
             tokens[ref] = token
-            claimed = (
-                int(meta["a"]),
-                int(meta["ma"]),
-                functools.partial(record_of, env.msg_id, rec),
-            )
+            read = functools.partial(record_of, env.msg_id, rec)
+            claimed = (int(meta["a"]), int(meta["ma"]), read)
             return Received(ref, group, env, delivery_count=how, claimed=claimed)
         record = record_of(env.msg_id, rec) if rec else None
         if token and tokens is not None and record is not None:
@@ -622,8 +618,7 @@ class RedisStreamsAdapter:
         held: Sequence[tuple[str, str, str, str]],
         store: object,
     ) -> list[bool]:
-        """Settle held messages where the index lives and ``XACK`` the entries of what
-        moved, in one script call (see :meth:`RedisStore.settle_held`)."""
+        """Settle where the index lives, ``XACK`` included (:meth:`RedisStore.settle_held`)."""
         assert isinstance(store, RedisStore)
         return store.settle_held(queue, self.key(queue), plan, at, held)
 

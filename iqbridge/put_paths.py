@@ -201,18 +201,17 @@ class OnBrokerServer(PutPath):
         colocated.send_indexed(self.name, envelopes, writes, self._store)
 
     def put_idempotent(self, audience: Audience, envelopes: list[Envelope], writes: Writes) -> None:
-        # All or nothing: a creation that meets an existing record writes nothing
-        # (StaleRecord), and then each message is settled on its own.
-        changes = writes.as_changes()
+        # All or nothing, as a batch: a creation that meets an existing record writes
+        # nothing (StaleRecord), and then each message is settled on its own.
         colocated = self.hub.colocated
         assert colocated is not None
         self._declare_audience(audience)
         try:
-            colocated.send_indexed(self.name, envelopes, changes, self._store)
+            colocated.send_indexed(self.name, envelopes, writes, self._store)
             return
         except StaleRecord:
             pass
-        self._one_by_one(envelopes, changes)
+        self._one_by_one(envelopes, writes.as_changes())
 
     def _create_once(self, env: Envelope, change: Change) -> MessageRecord | None:
         colocated = self.hub.colocated

@@ -349,3 +349,18 @@ def test_a_pool_batch_claimed_by_the_facade_settles_where_held_twice(url: str) -
             assert state.subscribers["w1"].state is S.JOURNALLED
             assert state.publisher_state is iqbridge.PublisherState.JOURNALLED
         check_redis_index(hub.store)
+
+
+def test_an_idempotent_put_is_one_batch_write_and_its_repeat_changes_nothing(url: str) -> None:
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders", lease=60)
+        q.subscribe("a")
+        ids = [f"order-{i}" for i in range(5)]
+        rows = _journal_rows(hub)
+        assert q.put_many([f"m{i}".encode() for i in range(5)], msg_ids=ids) == ids
+        assert _journal_rows(hub) == rows + 1  # the batch's templated journal, one entry
+        assert q.put_many([f"m{i}".encode() for i in range(5)], msg_ids=ids) == ids
+        assert _journal_rows(hub) == rows + 1  # the repeat wrote nothing
+        assert q.get_many("a", 10).msg_ids == ids
+        assert int(hub.store.client.xlen(hub.adapter.key("orders"))) == 5  # type: ignore[attr-defined]
+        check_redis_index(hub.store)
