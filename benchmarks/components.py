@@ -73,6 +73,9 @@ _FACADE = {
     "queue_core.py",
     "putting.py",
     "getting.py",
+    "receiving.py",
+    "put_paths.py",
+    "holding.py",
     "settling.py",
     "looking.py",
     "subscribing.py",
@@ -103,6 +106,9 @@ def component(path: str, name: str) -> str:
         return "builtin"
     p = Path(path)
     try:
+        # A virtual environment inside the checkout holds third-party code, not ours.
+        if "site-packages" in p.parts:
+            raise ValueError(path)
         rel = p.resolve().relative_to(ROOT)
     except ValueError:
         if "redis" in p.parts and ("connection.py" in p.name or "_parsers" in path):
