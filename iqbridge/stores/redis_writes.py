@@ -159,8 +159,9 @@ class RedisWrites(RedisCommits):
         journalled once every member is, the journal written per group, and the entries
         of what moved acknowledged on ``stream`` (on this server), in one script call per
         up to 5,000 messages. ``held`` is (msg_id, token, consumer group, entry id or "")
-        per message; the client sends no record. One flag per message: settled, or left
-        as it was (off the common path: for the per-message engine)."""
+        per message (an entry is acknowledged by a done only); the client sends no record.
+        One flag per message: settled, or left as it was (off the common path: for the
+        per-message engine)."""
         if not held:
             return []
         head: list[Any] = [str(at), len(plan.moves)]
@@ -171,6 +172,7 @@ class RedisWrites(RedisCommits):
         for pub, (done, step) in plan.publisher.items():
             head += [pub.value, done.value, encode(step)[1:]]
         head += _DOUBT
+        done = plan.kind == "done"
         flags: list[bool] = []
         for i in range(0, len(held), _SETTLE_CHUNK):
             chunk = held[i : i + _SETTLE_CHUNK]
@@ -178,8 +180,10 @@ class RedisWrites(RedisCommits):
             args: list[Any] = [self.keyspace, write_id, self._done_ttl(), queue, plan.subscriber]
             args += head
             args.append(len(chunk))
-            for item in chunk:
-                args += item
+            for msg_id, token, group, ref in chunk:
+                # Only a done acknowledges its entry: one in process stays pending, for
+                # the group to hand out again if its holder dies.
+                args += (msg_id, token, group, ref if done else "")
             result = self._run_once(self._settle, [stream], args, write_id)
             flags += [flag == "1" for flag in _text(result[1]).split(",")]
         return flags

@@ -243,12 +243,17 @@ def test_in_process_then_done_where_held_keeps_then_ends_the_lease(url: str) -> 
         batch = q.get_many("a", 2)
         leases = [d.lease_until_us for d in batch]
         assert all(lease is not None for lease in leases)
+        stream = hub.adapter.key("orders")  # type: ignore[attr-defined]
+        client = hub.store.client  # type: ignore[attr-defined]
         batch.in_process()
         assert [d.state for d in batch] == [S.IN_PROCESS, S.IN_PROCESS]
+        # In process is not done: the entries stay pending in the group.
+        assert client.xpending(stream, "a")["pending"] == 2
         assert [d.lease_until_us for d in batch] == leases
         for msg_id in ids:
             assert q.state(msg_id).subscribers["a"].state is S.IN_PROCESS
         batch.done()
+        assert client.xpending(stream, "a")["pending"] == 0
         assert [d.lease_until_us for d in batch] == [None, None]
         for msg_id in ids:
             state = q.state(msg_id)
