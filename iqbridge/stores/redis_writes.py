@@ -172,7 +172,7 @@ class RedisWrites(RedisCommits):
         for pub, (done, step) in plan.publisher.items():
             head += [pub.value, done.value, encode(step)[1:]]
         head += _DOUBT
-        done = plan.kind == "done"
+        acking = plan.kind == "done"
         flags: list[bool] = []
         for i in range(0, len(held), _SETTLE_CHUNK):
             chunk = held[i : i + _SETTLE_CHUNK]
@@ -183,7 +183,7 @@ class RedisWrites(RedisCommits):
             for msg_id, token, group, ref in chunk:
                 # Only a done acknowledges its entry: one in process stays pending, for
                 # the group to hand out again if its holder dies.
-                args += (msg_id, token, group, ref if done else "")
+                args += (msg_id, token, group, ref if acking else "")
             result = self._run_once(self._settle, [stream], args, write_id)
             flags += [flag == "1" for flag in _text(result[1]).split(",")]
         return flags
