@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
@@ -187,23 +186,14 @@ class RedisStore(RedisWrites, RedisReads):
             return []
         listed = list(dict.fromkeys(ids)) if ids is not None else []
         request = new_token()
-        done_key = f"{self.keyspace}done:{request}"
-        tried = False
-
-        def attempt() -> Any:
-            nonlocal tried
-            if tried:
-                # A purge whose reply was lost left its answer behind.
-                kept = self._r.get(done_key)
-                if kept is not None:
-                    return json.loads(kept) or []
-            tried = True
-            return self._purge(
-                keys=[f"{self.keyspace}p:{queue}/{_JOURNALLED.value}"],
-                args=[self.keyspace, str(before), str(limit), request, *listed],
-            )
-
-        rows = self._call(attempt)
+        # A purge whose reply was lost left its answer behind.
+        rows = self._run_keeping_reply(
+            self._purge,
+            [f"{self.keyspace}p:{queue}/{_JOURNALLED.value}"],
+            [self.keyspace, str(before), str(limit), request, *listed],
+            request,
+            lambda kept: json.loads(kept) or [],
+        )
         return [PurgedMessage(msg_id, ref or None) for msg_id, ref in rows]
 
     def declare_queue(self, queue: str) -> None:

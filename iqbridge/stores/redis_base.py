@@ -153,6 +153,31 @@ class RedisStoreBase:
         except RedisError as exc:
             raise self._unavailable(exc) from exc
 
+    def _run_keeping_reply(
+        self,
+        script: Script,
+        keys: list[str],
+        args: list[Any],
+        request: str,
+        kept: Callable[[str], Any],
+    ) -> Any:
+        """Run a script that keeps its reply under "done:<request>" (a write that must
+        not be made twice), retried as :meth:`_call` does: a retry reads the kept reply
+        first (``kept`` parses it back), since the lost try may have applied."""
+        done_key = f"{self.keyspace}done:{request}"
+        tried = False
+
+        def attempt() -> Any:
+            nonlocal tried
+            if tried:
+                reply = self._r.get(done_key)
+                if reply is not None:
+                    return kept(reply)
+            tried = True
+            return self._direct.run(script, keys, args)
+
+        return self._call(attempt)
+
     def _check_server(self) -> None:
         info = self._call(lambda: self._r.info("server"))
         version = str(info.get("redis_version", "0"))

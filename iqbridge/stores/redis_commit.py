@@ -93,19 +93,9 @@ class RedisCommits(RedisStoreBase):
         args: list[Any] = [self.keyspace, write_id, "each", self._done_ttl(), len(changes)]
         for change in changes:
             args += self._change_args(change)
-        done_key = f"{self.keyspace}done:{write_id}"
-        tried = False
-
-        def attempt() -> Any:
-            nonlocal tried
-            if tried:
-                kept = self._r.get(done_key)
-                if kept is not None:
-                    return ["ok", *kept.split(",")]
-            tried = True
-            return self._direct.run(self._commit, [self._seq_key], args)
-
-        result = self._call(attempt)
+        result = self._run_keeping_reply(
+            self._commit, [self._seq_key], args, write_id, lambda kept: ["ok", *kept.split(",")]
+        )
         applied: list[bool] = []
         for change, seq in zip(changes, result[1 : 1 + len(changes)], strict=True):
             ok = int(seq) > 0

@@ -184,26 +184,9 @@ class RedisWrites(RedisCommits):
                 # Only a done acknowledges its entry: one in process stays pending, for
                 # the group to hand out again if its holder dies.
                 args += (msg_id, token, group, ref if acking else "")
-            result = self._run_once(self._settle, [stream], args, write_id)
+            result = self._run_keeping_reply(self._settle, [stream], args, write_id, _spaced)
             flags += [flag == "1" for flag in _text(result[1]).split(",")]
         return flags
-
-    def _run_once(self, script: Any, keys: list[str], args: list[Any], write_id: str) -> Any:
-        """Run a script that keeps its reply under "done:<write id>": retried on a dropped
-        connection, a retry reads the kept reply first (the call may have applied)."""
-        done_key = f"{self.keyspace}done:{write_id}"
-        tried = False
-
-        def attempt() -> Any:
-            nonlocal tried
-            if tried:
-                kept = self._r.get(done_key)
-                if kept is not None:
-                    return kept.split(" ")
-            tried = True
-            return self._direct.run(script, keys, args)
-
-        return self._call(attempt)
 
     def commit_writes_with_entries(
         self, writes: Writes, stream: str, entries: Sequence[Sequence[bytes | str]]
@@ -299,7 +282,7 @@ class RedisWrites(RedisCommits):
             for n, name, ref in acks:
                 args += [n + 1, name, ref]
         keys = [self._seq_key] if stream is None else [self._seq_key, stream]
-        result: list[Any] = self._run_once(self._writes, keys, args, write_id)
+        result: list[Any] = self._run_keeping_reply(self._writes, keys, args, write_id, _spaced)
         if result[0] == "stale":
             raise StaleRecord(_text(result[1]))
         seqs = [int(seq) for seq in _text(result[1]).split(",")]
@@ -312,6 +295,11 @@ class RedisWrites(RedisCommits):
             if seq > 0 and change.created:
                 change.record.seq = seq
         return seqs, refs
+
+
+def _spaced(kept: str) -> list[str]:
+    """A reply writes.lua and settle.lua kept: its values joined by spaces."""
+    return kept.split(" ")
 
 
 def _text(value: Any) -> str:

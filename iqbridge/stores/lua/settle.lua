@@ -67,9 +67,21 @@ local n = tonumber(ARGV[a])
 a = a + 1
 
 local dkey = P .. 'd:' .. q
-local jn, g_row = false, false
+local jn = false
 local size = 0
 local groups, order = {}, {}
+
+-- Write the journal row numbered jn with the groups gathered so far.
+local function flush()
+  if #order == 0 then return end
+  local parts = {}
+  for _, g in ipairs(order) do
+    parts[#parts + 1] = g.head .. ',[' .. table.concat(g.items, ',') .. ']]'
+  end
+  redis.call('XADD', P .. 'journal', jn .. '-0', 'm', '', 'q', q,
+    'e', '{"b":[' .. table.concat(parts, ',') .. ']}')
+  groups, order = {}, {}
+end
 local flags = {}
 local acks, ackorder = {}, {}
 
@@ -163,18 +175,9 @@ for i = 1, n do
       local per = pub and 3 or 2
       if not mv.last then per = per - 1 end
       if not jn or size + per > PER_ROW then
+        flush()
         jn = num(redis.call('INCR', P .. 'jseq'))
         size = 0
-        if #order > 0 then
-          local parts = {}
-          for _, g in ipairs(order) do
-            parts[#parts + 1] = g.head .. ',[' .. table.concat(g.items, ',') .. ']]'
-          end
-          redis.call('XADD', P .. 'journal', g_row .. '-0', 'm', '', 'q', q,
-            'e', '{"b":[' .. table.concat(parts, ',') .. ']}')
-          groups, order = {}, {}
-        end
-        g_row = jn
       end
       size = size + per
       local gk = stamp .. '\n' .. src .. '\n' .. (pub and (r[3] .. '\n' .. ps) or '')
@@ -213,14 +216,7 @@ for i = 1, n do
   flags[i] = ok and '1' or '0'
 end
 
-if #order > 0 then
-  local parts = {}
-  for _, g in ipairs(order) do
-    parts[#parts + 1] = g.head .. ',[' .. table.concat(g.items, ',') .. ']]'
-  end
-  redis.call('XADD', P .. 'journal', g_row .. '-0', 'm', '', 'q', q,
-    'e', '{"b":[' .. table.concat(parts, ',') .. ']}')
-end
+flush()
 for _, group in ipairs(ackorder) do
   redis.call('XACK', KEYS[1], group, unpack(acks[group]))
 end
