@@ -43,6 +43,15 @@ def redis_entries(call: Call, client: Any, key: str) -> Iterator[Entry]:
         start = "(" + _text(rows[-1][0])
 
 
+def redis_dead_letters(call: Call, client: Any, key: str, count: int) -> list[dict[str, str]]:
+    """The latest ``count`` entries of the dead-letter stream ``key``, each as its fields
+    and ``id``."""
+    rows: Any = call(lambda: client.xrevrange(key, count=count))
+    return [
+        {_text(k): _text(v) for k, v in fields.items()} | {"id": _text(ref)} for ref, fields in rows
+    ]
+
+
 def _ids_after(call: Call, client: Any, key: str, start: str) -> set[str]:
     """Ids of the entries after ``start`` (exclusive; ``-`` for all)."""
     out: set[str] = set()

@@ -73,13 +73,15 @@ from iqbridge.stores.redis import DirectScripts, RedisStore, transient
 from iqbridge.writes import Writes
 
 from .probes import redis_find_sent, redis_take_over  # noqa: TID251
-from .redis_inventory import redis_entries, redis_unacked  # noqa: TID251
+from .redis_inventory import redis_dead_letters, redis_entries, redis_unacked  # noqa: TID251
 from .redis_wire import (  # noqa: TID251
+    OWN_FIELDS,
     RECEIVE_SCRIPT,
     claim_args,
     decode_fields,
     encode_fields,
     envelope_of,
+    kind_fields,
     pairs,
     record_of,
 )
@@ -564,16 +566,18 @@ class RedisStreamsAdapter:
         store: object,
     ) -> list[str]:
         """Commit the new records and ``XADD`` their entries in one script call, all or
-        nothing (see :meth:`RedisStore.commit_with_entries` and, for a batch's
-        :class:`~iqbridge.writes.Writes`, :meth:`RedisStore.commit_writes_with_entries`);
-        return the entry ids."""
+        nothing (:meth:`RedisStore.commit_with_entries`; for a batch's Writes, by kinds
+        :meth:`RedisStore.put_with_entries`); return the entry ids."""
         assert isinstance(store, RedisStore)
-        entries = [
-            [part for item in encode_fields(env).items() for part in item] for env in envelopes
-        ]
+        stream = self.key(queue)
+        if isinstance(changes, Writes) and changes.kinds and not changes.retain:
+            shared = kind_fields(envelopes, changes.kinds)  # alike messages share these
+            bodies = [env.body for env in envelopes]
+            return store.put_with_entries(changes, stream, OWN_FIELDS, shared, bodies)
+        entries = [[part for item in encode_fields(e).items() for part in item] for e in envelopes]
         if isinstance(changes, Writes):
-            return store.commit_writes_with_entries(changes, self.key(queue), entries)
-        return store.commit_with_entries(changes, self.key(queue), entries)
+            return store.commit_writes_with_entries(changes, stream, entries)
+        return store.commit_with_entries(changes, stream, entries)
 
     def receive_indexed(
         self,
@@ -689,12 +693,7 @@ class RedisStreamsAdapter:
 
     def dead_letters(self, queue: str, count: int = 100) -> list[dict[str, str]]:
         """The latest entries of the queue's dead-letter stream (for admin and tests)."""
-        key = f"{self.key(queue)}:dead"
-        rows: Any = self._call(lambda: self._r.xrevrange(key, count=count))
-        return [
-            {_text(k): _text(v) for k, v in fields.items()} | {"id": _text(ref)}
-            for ref, fields in rows
-        ]
+        return redis_dead_letters(self._call, self._r, f"{self.key(queue)}:dead", count)
 
     def read(self, queue: str, ref: str) -> Envelope | None:
         """The envelope of one entry (``XRANGE ref ref``), or None if it was deleted."""

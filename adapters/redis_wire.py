@@ -351,6 +351,29 @@ def encode_fields(env: Envelope) -> dict[str, bytes | str]:
     return fields
 
 
+#: The fields of a stream entry that are each message's own, first in every entry, in
+#: this order (see :func:`encode_fields`); the rest a put's alike messages share.
+OWN_FIELDS = ("payload", "iq-id")
+
+
+def kind_fields(envelopes: Sequence[Envelope], kinds: Sequence[int]) -> list[list[bytes | str]]:
+    """The entry fields (flat field/value values) after :data:`OWN_FIELDS` of each kind of
+    message (``kinds``: one number per envelope; envelopes of one kind differ only in
+    msg_id and body), by kind number."""
+    firsts: dict[int, Envelope] = {}
+    for env, kind in zip(envelopes, kinds, strict=True):
+        firsts.setdefault(kind, env)
+    out: list[list[bytes | str]] = [[] for _ in range(max(firsts, default=-1) + 1)]
+    for kind, env in firsts.items():
+        out[kind] = [
+            part
+            for name, value in encode_fields(env).items()
+            if name not in OWN_FIELDS
+            for part in (name, value)
+        ]
+    return out
+
+
 def decode_fields(stream: str, ref: str, raw: dict[bytes, bytes]) -> tuple[Envelope, bool]:
     """The envelope of a stream entry, and whether it was adopted (no ``iq-id``)."""
     if b"iq-id" not in raw:

@@ -254,9 +254,14 @@ class Putting(Part):
         envelopes: list[Envelope] = []
         items: list[engine_batch.NewItem] = []
         retain: list[Retained | None] = []
+        # Messages with the same options and content type are alike: they differ only in
+        # msg_id, body and size (Writes.kinds).
+        kind_of: dict[tuple[int, str], int] = {}
+        kinds: list[int] = []
         groups = (*audience.subscribers, *(p.name for p in audience.pools))
         for i, (payload, spec) in enumerate(pairs):
             body, ctype = encode(payload, spec.content_type)
+            kinds.append(kind_of.setdefault((id(spec), ctype), len(kind_of)))
             if len(body) > limit:
                 raise MessageTooLarge(len(body), limit, self.name)
             msg_id = ids[i] if ids is not None else new_id()
@@ -303,7 +308,7 @@ class Putting(Part):
             confirm=confirm,
             max_attempts=self.retry.max_attempts,
         )
-        writes = Writes(self.name, created=records, retain=retain, journal=journal)
+        writes = Writes(self.name, created=records, retain=retain, journal=journal, kinds=kinds)
         if ids is not None:
             self._path.put_idempotent(audience, envelopes, writes)
         else:

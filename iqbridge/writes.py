@@ -75,7 +75,12 @@ class Writes:
     copies, in the same order, or is empty); ``moved`` pairs each moved record's state
     before with its state after (compare-and-set on the version before); ``journal``
     holds the journal entries of both as templates; ``changes`` are moves made one
-    message at a time, with their own entries."""
+    message at a time, with their own entries.
+
+    ``kinds`` (empty, or one number per created record) says which created records are
+    alike: records of one kind, made by one put with the same options, differ only in
+    msg_id and size (and their broker envelopes only in msg_id and body), so a store
+    may send what they share once (the Redis index's co-located put does)."""
 
     queue: str
     created: list[MessageRecord] = field(default_factory=list)
@@ -83,6 +88,7 @@ class Writes:
     moved: list[tuple[MessageRecord, MessageRecord]] = field(default_factory=list)
     journal: list[Steps] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
+    kinds: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.created) + len(self.moved) + len(self.changes)

@@ -41,6 +41,7 @@ __all__ = [
     "members_from_json",
     "members_to_json",
     "record_from_json",
+    "record_json_around_size",
     "record_to_json",
     "subscriptions_from_json",
     "subscriptions_to_json",
@@ -123,6 +124,40 @@ def members_to_json(rec: MessageRecord) -> str:
 def members_from_json(text: str) -> dict[str, Member]:
     """Members from :func:`members_to_json` output, by subscriber name."""
     return _members(orjson.loads(text))
+
+
+def record_json_around_size(rec: MessageRecord) -> tuple[str, str]:
+    """:func:`record_to_json` of ``rec`` cut around its size: what comes before and
+    after it, so that ``before + str(size) + after`` is the JSON of a record that
+    differs from ``rec`` only in its size."""
+    head = encode(
+        [
+            _RECORD_FORMAT,
+            rec.queue,
+            rec.publisher,
+            rec.ordering_key,
+            rec.correlation_id,
+            rec.priority,
+            rec.mode,
+            list(rec.parents),
+            rec.content_type,
+        ]
+    )
+    tail = encode(
+        [
+            rec.created_at,
+            rec.expires_at,
+            rec.max_attempts,
+            rec.publisher_state,
+            int(rec.withdrawn),
+            rec.updated_at,
+            rec.lock_id,
+            rec.lock_owner,
+            rec.lock_until,
+            _member_rows(rec),
+        ]
+    )
+    return head[:-1] + ",", "," + tail[1:]
 
 
 def record_to_json(rec: MessageRecord) -> str:

@@ -89,6 +89,7 @@ class RedisStoreBase:
         scripts: dict[str, Script] = {n: client.register_script(_lua(n)) for n in _SCRIPTS}
         self._commit = scripts["commit"]
         self._writes = scripts["writes"]
+        self._put = scripts["put"]
         self._settle = scripts["settle"]
         self._available = scripts["available"]
         self._history = scripts["history"]

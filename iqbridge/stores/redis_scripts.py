@@ -22,6 +22,7 @@ __all__ = ["DirectScripts"]
 _SCRIPTS = (
     "commit",
     "writes",
+    "put",
     "settle",
     "available",
     "history",

@@ -23,6 +23,7 @@ from iqbridge.stores.codec import (
     JOURNAL_PER_ROW,
     encode,
     entries_to_json,
+    record_json_around_size,
     record_to_json,
 )
 from iqbridge.stores.redis_commit import RedisCommits, members_apart
@@ -203,6 +204,85 @@ class RedisWrites(RedisCommits):
             return []
         _, refs = self._run_writes(writes, "all", stream, entries)
         for rec, ref in zip(writes.created, refs, strict=True):
+            rec.native_ref = ref
+        return refs
+
+    def put_with_entries(
+        self,
+        writes: Writes,
+        stream: str,
+        fields: tuple[str, str],
+        kind_entries: Sequence[Sequence[bytes | str]],
+        bodies: Sequence[bytes],
+    ) -> list[str]:
+        """Create ``writes.created`` and ``XADD`` one entry each to ``stream`` on this
+        server, in one script call (``stores/lua/put.lua``), all or nothing; each record
+        keeps its entry id as native ref. Returns the entry ids. Raises StaleRecord
+        (nothing written) if a msg_id is taken.
+
+        What records of one kind (``writes.kinds``) share goes once: each message sends
+        its msg_id, size and body only. A message's entry is its body under
+        ``fields[0]``, its msg_id under ``fields[1]``, then its kind's field/value values
+        (``kind_entries``, by kind number). A put whose records are not all of a kind, or
+        that keeps retained payload copies, goes through :meth:`commit_writes_with_entries`
+        (the caller's choice)."""
+        created = writes.created
+        kinds = writes.kinds
+        if writes.moved or writes.changes or writes.retain:
+            raise ValueError("a put by kinds creates records only, without retained copies")
+        if len(kinds) != len(created) or len(bodies) != len(created):
+            raise ValueError(
+                f"{len(kinds)} kinds and {len(bodies)} bodies for {len(created)} records"
+            )
+        if not created:
+            return []
+        queue = writes.queue
+        group_of: dict[str, int] = {}
+        heads: list[Any] = [len(writes.journal)]
+        for g, group in enumerate(writes.journal, 1):
+            steps = [[s.actor, s.kind, s.src, s.dst, s.detail] for s in group.steps]
+            heads += [encode([group.at, steps])[:-1], len(steps)]
+            for msg_id, tries in group.items:
+                if tries != 1:
+                    raise ValueError(f"message {msg_id} of a put is on attempt {tries}, not 1")
+                group_of[msg_id] = g
+        number: dict[int, int] = {}
+        shared: list[Any] = []
+        layout = self._layout
+        due_key = f"{self.keyspace}d:{queue}"
+        for rec, kind in zip(created, kinds, strict=True):
+            if kind in number:
+                continue
+            if kind >= len(kind_entries) or kind < 0:
+                raise ValueError(f"kind {kind} has no broker entry fields")
+            number[kind] = len(number) + 1
+            by_seq, by_claim, due, opt = layout(rec)
+            ix = [*by_seq, *by_claim]
+            if due is not None:
+                ix.append(due_key)
+            pre, post = record_json_around_size(rec)
+            own = ["u", str(rec.updated_at)]
+            for name, value in opt.items():
+                own += [name, value]
+            entry = kind_entries[kind]
+            shared += [pre, post, str(rec.priority), "" if due is None else str(due)]
+            shared += [encode(ix), len(by_seq), *by_seq, len(by_claim), *by_claim]
+            shared += [len(own), *own, len(entry), *entry]
+        write_id = new_token()
+        args: list[Any] = [self.keyspace, write_id, self._done_ttl(), queue, *fields]
+        args += heads
+        args.append(len(number))
+        args += shared
+        args.append(len(created))
+        for rec, kind, body in zip(created, kinds, bodies, strict=True):
+            args += (rec.msg_id, number[kind], group_of.get(rec.msg_id, 0), rec.size, body)
+        keys = [self._seq_key, stream]
+        result: list[Any] = self._run_keeping_reply(self._put, keys, args, write_id, _spaced)
+        if result[0] == "stale":
+            raise StaleRecord(_text(result[1]))
+        refs = _text(result[2]).split(",")
+        for rec, seq, ref in zip(created, _text(result[1]).split(","), refs, strict=True):
+            rec.seq = int(seq)
             rec.native_ref = ref
         return refs
 

@@ -369,3 +369,95 @@ def test_an_idempotent_put_is_one_batch_write_and_its_repeat_changes_nothing(url
         assert q.get_many("a", 10).msg_ids == ids
         assert int(hub.store.client.xlen(hub.adapter.key("orders"))) == 5  # type: ignore[attr-defined]
         check_redis_index(hub.store)
+
+
+def _stored(hub: iqbridge.Hub, msg_id: str) -> tuple[dict[str, str], list[Any], dict[str, Any]]:
+    """A message's record hash (but its write id, put order and entry id), its history
+    (but the entries' numbers) and its broker entry's fields (but the put instant)."""
+    store: Any = hub.store
+    raw = dict(store.client.hgetall(f"{store.keyspace}m:{msg_id}"))
+    ref = raw.pop("n")
+    for name in ("w", "s", "h"):
+        raw.pop(name)
+    history = [e._replace(seq=None, msg_id="") for e in store.history(msg_id)]
+    [(_, fields)] = store.client.xrange(hub.adapter.key("orders"), ref, ref)  # type: ignore[attr-defined]
+    return raw, history, dict(fields)
+
+
+def test_a_put_by_kinds_stores_what_a_put_record_by_record_stores(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """put.lua (alike messages share their record and entry templates) writes every
+    record, index entry, journal entry and broker entry as writes.lua does record by
+    record: the same puts of mixed payloads, options and time limits through both, on
+    the same clock, compared."""
+    from iqbridge import Outgoing, putting
+    from iqbridge.testing.contract_batches import counting
+    from iqbridge.writes import Writes
+
+    def puts(prefix: str) -> list[str]:
+        ids = [f"{prefix}{i}" for i in range(9)]
+        with iqbridge.connect(url, clock=FakeClock()) as hub:
+            q = hub.queue("orders", lease=60)
+            q.subscribe("a")
+            q.subscribe_pool("p", ["p1", "p2"])
+            with counting(hub.store, ("put_with_entries",)) as calls:
+                q.put_many([{"n": 1}, b"xx", "three", {"n": 10_000}], msg_ids=ids[:4], ttl=30)
+                q.put_each(
+                    [
+                        Outgoing(b"e1", msg_id=ids[4], priority=9, correlation_id="c1"),
+                        Outgoing({"e": 2}, msg_id=ids[5], ordering_key="k", headers={"h": "v"}),
+                        Outgoing(b"e3", msg_id=ids[6], parents=["x"], ttl=5, publisher="other"),
+                    ],
+                    to=["a"],
+                )
+                q.put_many([b"c1", b"c2"], msg_ids=ids[7:], confirm=True, priority=2)
+            assert calls["put_with_entries"] == (3 if prefix == "k" else 0)
+        return ids
+
+    by_kinds = puts("k")
+    # The same puts record by record (writes.lua): no kinds.
+    monkeypatch.setattr(putting, "Writes", lambda *a, **kw: Writes(*a, **{**kw, "kinds": []}))
+    by_record = puts("r")
+    with iqbridge.connect(url) as hub:
+        check_redis_index(hub.store)
+        for kinds_id, record_id in zip(by_kinds, by_record, strict=True):
+            kinds, record = _stored(hub, kinds_id), _stored(hub, record_id)
+            assert kinds[:2] == record[:2]
+            assert kinds[2].pop("iq-id") == kinds_id and record[2].pop("iq-id") == record_id
+            assert kinds[2] == record[2]
+        got = hub.queue("orders").get_many("a", 20).msg_ids
+    # The claim order (priority, then put order) is the same for both.
+    assert [i for i in got if i.startswith("k")] == ["k" + i[1:] for i in got if i.startswith("r")]
+    assert len(got) == 14  # 7 revealed to "a" from each; the confirm=True ones wait
+
+
+def test_a_put_whose_reply_is_lost_is_not_made_twice(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from iqbridge.stores import redis_scripts
+
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders", lease=60)
+        q.subscribe("a")
+        real = redis_scripts.DirectScripts.run
+        lost: list[str] = []
+
+        def run(self: Any, script: Any, keys: Any, args: Any) -> Any:
+            reply = real(self, script, keys, args)
+            if script.sha == hub.store._put.sha and not lost:  # type: ignore[attr-defined]
+                lost.append("reply")
+                raise RedisConnectionError("connection dropped after the script ran")
+            return reply
+
+        monkeypatch.setattr(redis_scripts.DirectScripts, "run", run)
+        ids = q.put_many([b"1", b"2", b"3"])
+        assert lost == ["reply"]
+        assert int(hub.store.client.xlen(hub.adapter.key("orders"))) == 3  # type: ignore[attr-defined]
+        batch = q.get_many("a", 10)
+        assert batch.msg_ids == ids
+        entries = hub.store.client.xrange(hub.adapter.key("orders"))  # type: ignore[attr-defined]
+        assert [hub.store.load(i).native_ref for i in ids] == [ref for ref, _ in entries]
+        check_redis_index(hub.store)
