@@ -37,6 +37,7 @@ from iqbridge.errors import MessageNotFound
 from iqbridge.outbox import Outbox, OutboxCounts
 from iqbridge.states import ActorKind
 from tests.conftest import need_server
+from tests.integration.forker import Forker
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -178,7 +179,7 @@ def test_relay_killed_50_times_relays_each_row_exactly_once(tmp_path: Path, pref
     ]
     consumers: subprocess.Popen[bytes] | None = None
     relay_cmd = [
-        str(IQ),
+        "iq",
         "--url",
         broker,
         "--index",
@@ -191,7 +192,11 @@ def test_relay_killed_50_times_relays_each_row_exactly_once(tmp_path: Path, pref
         "--poll",
         "20ms",
     ]
-    relay_log = (tmp_path / "relay.stderr").open("wb")
+    # Each life of the relay is the `iq` command line forked from a server that imported
+    # it once: a kill's restart costs a fork, not a Python start-up (the final relay below
+    # starts as the installed `iq` does).
+    relay_log = tmp_path / "relay.stderr"
+    forker = Forker(["iqbridge.cli", "iqbridge.relay", "iqbridge.outbox"], tmp_path / "forker.log")
     lives: list[int] = []
     pending_at_kill: list[int] = []
     published_unmarked: list[int] = []
@@ -208,7 +213,7 @@ def test_relay_killed_50_times_relays_each_row_exactly_once(tmp_path: Path, pref
                     consumer_cmd, stdout=subprocess.DEVNULL, stderr=consumer_log
                 )
             before = _counts(outbox).relayed
-            proc = subprocess.Popen(relay_cmd, stdout=subprocess.DEVNULL, stderr=relay_log)
+            proc = forker.start(relay_cmd, stderr=relay_log)
             # Each life relays a bounded, random number of rows, so that every kill comes
             # while rows are still waiting.
             deadline = time.monotonic() + 30
@@ -239,7 +244,11 @@ def test_relay_killed_50_times_relays_each_row_exactly_once(tmp_path: Path, pref
         producer.join(60)
         assert not producer.is_alive()
         final = subprocess.run(
-            [*relay_cmd[:-2], "--once"], check=False, capture_output=True, text=True, timeout=120
+            [str(IQ), *relay_cmd[1:-2], "--once"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert final.returncode == 0, final.stderr
         assert _counts(outbox) == OutboxCounts(pending=0, relayed=ROWS, parked=0)
@@ -295,7 +304,7 @@ def test_relay_killed_50_times_relays_each_row_exactly_once(tmp_path: Path, pref
             consumers.kill()
             consumers.wait()
         consumer_log.close()
-        relay_log.close()
+        forker.close()
         hub.close()
         outbox.close()
 
