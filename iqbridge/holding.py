@@ -82,6 +82,11 @@ class Hold:
         """The record if it is at hand (never made for asking)."""
         return self._record
 
+    @property
+    def unknown(self) -> bool:
+        """True when the hold has no record and cannot make one: a move reads it anew."""
+        return self._record is None and self._make is None
+
     def _follow(self, record: MessageRecord) -> None:
         member = record.members.get(self.subscriber)
         self.lease_until = member.lease_until if member is not None else None

@@ -190,6 +190,7 @@ class Settling(Part):
         retry: list[tuple[Hold, Move]] = []
         if self._colocated is not None and transaction is None:
             held = self._settle_where_held(held, result, retry)
+        self._read_unknown(held)
         self._plan_settles(held, writes, batched, single, retry)
         store = self._store
         moved: list[tuple[Hold, Move, MessageRecord]] = []
@@ -282,6 +283,20 @@ class Settling(Part):
                 if kind == "done":
                     result.done.append(d.msg_id)
         return rest
+
+    def _read_unknown(self, held: Sequence[tuple[Hold, Move]]) -> None:
+        """The records of holds that know none (moved where the index lives before, say
+        in process and now given back), read in one call instead of one each; a hold
+        whose message is gone keeps none (its move is retried on a fresh read and
+        reported)."""
+        unknown = [d for d, _ in held if d.unknown]
+        if not unknown:
+            return
+        records = self._store.load_many([d.msg_id for d in unknown])
+        for d in unknown:
+            rec = records.get(d.msg_id)
+            if rec is not None:
+                d.record = rec
 
     @staticmethod
     def _held_item(d: Hold) -> tuple[str, str, str, str] | None:

@@ -461,3 +461,32 @@ def test_a_put_whose_reply_is_lost_is_not_made_twice(
         entries = hub.store.client.xrange(hub.adapter.key("orders"))  # type: ignore[attr-defined]
         assert [hub.store.load(i).native_ref for i in ids] == [ref for ref, _ in entries]
         check_redis_index(hub.store)
+
+
+def test_holds_settled_where_held_are_read_in_one_call_when_they_move_on(url: str) -> None:
+    """A batch in process (settled where the index lives: its holds know no record) whose
+    work fails (``with batch:``: each delivery given back) reads its records in one call
+    and commits its moves in one; so does a renewal of a batch's leases."""
+    from iqbridge.testing.contract_batches import counting
+
+    with iqbridge.connect(url) as hub:
+        q = hub.queue("orders", lease=60)
+        q.subscribe("a")
+        ids = q.put_many([f"m{i}".encode() for i in range(20)])
+        reads = ("load", "load_many", "commit", "commit_writes")
+        renewed = q.get_many("a", 10)
+        renewed.in_process()
+        with counting(hub.store, reads) as calls:
+            assert len(renewed.renew().lost) == 0
+        assert (calls["load"], calls["load_many"], calls["commit"]) == (0, 1, 0)
+        assert calls["commit_writes"] == 1
+        renewed.done()
+        failed = q.get_many("a", 10)
+        with counting(hub.store, reads) as calls, pytest.raises(RuntimeError), failed:
+            raise RuntimeError("the work failed")
+        assert (calls["load"], calls["load_many"], calls["commit"]) == (0, 1, 0)
+        assert calls["commit_writes"] == 1
+        for msg_id in ids[10:]:
+            member = q.state(msg_id).subscribers["a"]
+            assert (member.state, member.attempt) == (S.AVAILABLE, 2)
+        check_redis_index(hub.store)
