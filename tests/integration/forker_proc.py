@@ -20,6 +20,7 @@ import runpy
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 
@@ -37,6 +38,8 @@ def _child(spec: dict[str, Any]) -> None:
 
             main()
         else:
+            # As `python script.py` does: the script's folder first on the path.
+            sys.path.insert(0, str(Path(argv[0]).resolve().parent))
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

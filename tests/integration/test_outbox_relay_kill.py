@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from forker import Forker
 
 import iqbridge
 from iqbridge import Pool, PublisherState
@@ -37,7 +38,6 @@ from iqbridge.errors import MessageNotFound
 from iqbridge.outbox import Outbox, OutboxCounts
 from iqbridge.states import ActorKind
 from tests.conftest import need_server
-from tests.integration.forker import Forker
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
