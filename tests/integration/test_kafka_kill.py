@@ -160,7 +160,7 @@ def test_consumers_killed_30_times_lose_nothing_and_process_each_message_once(
                 time.sleep(0.2)
             shared_s = time.monotonic() - t0
             for _ in range(KILLS):
-                time.sleep(rng.uniform(0.3, 1.7))
+                time.sleep(rng.uniform(0.5, 2.5))
                 # Mostly a consumer at work (a restart takes seconds on Kafka, and kills
                 # of consumers still joining would interrupt little work), sometimes any.
                 busy = working() if claims.exists() else []
