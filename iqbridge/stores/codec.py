@@ -126,37 +126,42 @@ def members_from_json(text: str) -> dict[str, Member]:
     return _members(orjson.loads(text))
 
 
+#: Where a record's size stands in :func:`_record_values` (and so in its JSON).
+_SIZE_AT = 9
+
+
+def _record_values(rec: MessageRecord) -> list[Any]:
+    """The values of :func:`record_to_json`'s array, in order."""
+    return [
+        _RECORD_FORMAT,
+        rec.queue,
+        rec.publisher,
+        rec.ordering_key,
+        rec.correlation_id,
+        rec.priority,
+        rec.mode,
+        list(rec.parents),
+        rec.content_type,
+        rec.size,
+        rec.created_at,
+        rec.expires_at,
+        rec.max_attempts,
+        rec.publisher_state,
+        int(rec.withdrawn),
+        rec.updated_at,
+        rec.lock_id,
+        rec.lock_owner,
+        rec.lock_until,
+        _member_rows(rec),
+    ]
+
+
 def record_json_around_size(rec: MessageRecord) -> tuple[str, str]:
     """:func:`record_to_json` of ``rec`` cut around its size: what comes before and
     after it, so that ``before + str(size) + after`` is the JSON of a record that
     differs from ``rec`` only in its size."""
-    head = encode(
-        [
-            _RECORD_FORMAT,
-            rec.queue,
-            rec.publisher,
-            rec.ordering_key,
-            rec.correlation_id,
-            rec.priority,
-            rec.mode,
-            list(rec.parents),
-            rec.content_type,
-        ]
-    )
-    tail = encode(
-        [
-            rec.created_at,
-            rec.expires_at,
-            rec.max_attempts,
-            rec.publisher_state,
-            int(rec.withdrawn),
-            rec.updated_at,
-            rec.lock_id,
-            rec.lock_owner,
-            rec.lock_until,
-            _member_rows(rec),
-        ]
-    )
+    values = _record_values(rec)
+    head, tail = encode(values[:_SIZE_AT]), encode(values[_SIZE_AT + 1 :])
     return head[:-1] + ",", "," + tail[1:]
 
 
@@ -167,30 +172,7 @@ def record_to_json(rec: MessageRecord) -> str:
     beside the record (as its key, for compare-and-set, as the put order, and because
     the broker reference is set apart from state changes).
     """
-    return encode(
-        [
-            _RECORD_FORMAT,
-            rec.queue,
-            rec.publisher,
-            rec.ordering_key,
-            rec.correlation_id,
-            rec.priority,
-            rec.mode,
-            list(rec.parents),
-            rec.content_type,
-            rec.size,
-            rec.created_at,
-            rec.expires_at,
-            rec.max_attempts,
-            rec.publisher_state,
-            int(rec.withdrawn),
-            rec.updated_at,
-            rec.lock_id,
-            rec.lock_owner,
-            rec.lock_until,
-            _member_rows(rec),
-        ]
-    )
+    return encode(_record_values(rec))
 
 
 #: The values of a record's JSON (:func:`record_to_json`) other than its members, its

@@ -47,6 +47,27 @@ def _journal_rows(hub: iqbridge.Hub) -> int:
     return int(store.client.xlen(f"{store.keyspace}journal"))  # type: ignore[attr-defined]
 
 
+def _lose_one_reply(monkeypatch: pytest.MonkeyPatch, script: Any) -> list[str]:
+    """The first reply of ``script`` (run on the server) is lost: the connection drops
+    after the script ran. The list returned says whether it happened."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from iqbridge.stores import redis_scripts
+
+    real = redis_scripts.DirectScripts.run
+    lost: list[str] = []
+
+    def run(self: Any, ran: Any, keys: Any, args: Any) -> Any:
+        reply = real(self, ran, keys, args)
+        if ran.sha == script.sha and not lost:
+            lost.append("reply")
+            raise RedisConnectionError("connection dropped after the script ran")
+        return reply
+
+    monkeypatch.setattr(redis_scripts.DirectScripts, "run", run)
+    return lost
+
+
 def _apart(hub: iqbridge.Hub, msg_id: str) -> dict[str, str]:
     store = hub.store
     return dict(store.client.hgetall(f"{store.keyspace}ms:{msg_id}"))  # type: ignore[attr-defined]
@@ -284,26 +305,12 @@ def test_a_done_without_auto_journal_stays_done_and_the_publisher_waits(url: str
 def test_a_settle_whose_reply_is_lost_is_not_made_twice(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
-    from iqbridge.stores import redis_scripts
-
     with iqbridge.connect(url) as hub:
         q = hub.queue("orders", lease=60)
         q.subscribe("a")
         ids = q.put_many([b"1", b"2", b"3"])
         batch = q.get_many("a", 3)
-        real = redis_scripts.DirectScripts.run
-        lost: list[str] = []
-
-        def run(self: Any, script: Any, keys: Any, args: Any) -> Any:
-            reply = real(self, script, keys, args)
-            if script.sha == hub.store._settle.sha and not lost:  # type: ignore[attr-defined]
-                lost.append("reply")
-                raise RedisConnectionError("connection dropped after the script ran")
-            return reply
-
-        monkeypatch.setattr(redis_scripts.DirectScripts, "run", run)
+        lost = _lose_one_reply(monkeypatch, hub.store._settle)  # type: ignore[attr-defined]
         settled = batch.done()
         assert lost == ["reply"]
         assert settled.done == ids and settled.lost == {}
@@ -435,24 +442,10 @@ def test_a_put_by_kinds_stores_what_a_put_record_by_record_stores(
 def test_a_put_whose_reply_is_lost_is_not_made_twice(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
-    from iqbridge.stores import redis_scripts
-
     with iqbridge.connect(url) as hub:
         q = hub.queue("orders", lease=60)
         q.subscribe("a")
-        real = redis_scripts.DirectScripts.run
-        lost: list[str] = []
-
-        def run(self: Any, script: Any, keys: Any, args: Any) -> Any:
-            reply = real(self, script, keys, args)
-            if script.sha == hub.store._put.sha and not lost:  # type: ignore[attr-defined]
-                lost.append("reply")
-                raise RedisConnectionError("connection dropped after the script ran")
-            return reply
-
-        monkeypatch.setattr(redis_scripts.DirectScripts, "run", run)
+        lost = _lose_one_reply(monkeypatch, hub.store._put)  # type: ignore[attr-defined]
         ids = q.put_many([b"1", b"2", b"3"])
         assert lost == ["reply"]
         assert int(hub.store.client.xlen(hub.adapter.key("orders"))) == 3  # type: ignore[attr-defined]

@@ -41,7 +41,7 @@ local groups = {}
 for g = 1, tonumber(ARGV[a]) do
   local per = tonumber(ARGV[a + 2])
   if per < 1 then per = 1 end
-  groups[g] = {head = ARGV[a + 1], per = per, items = {}, who = {}}
+  groups[g] = {head = ARGV[a + 1], per = per, who = {}}
   a = a + 2
 end
 a = a + 1
