@@ -622,9 +622,10 @@ class RedisStreamsAdapter:
         held: Sequence[tuple[str, str, str, str]],
         store: object,
     ) -> list[bool]:
-        """Settle where the index lives, ``XACK`` included (:meth:`RedisStore.settle_held`)."""
+        """Settle where the index lives, ``XACK`` included
+        (:meth:`RedisStore.settle_held_acking`)."""
         assert isinstance(store, RedisStore)
-        return store.settle_held(queue, self.key(queue), plan, at, held)
+        return store.settle_held_acking(queue, self.key(queue), plan, at, held)
 
     def ack(self, queue: str, group: str, refs: Sequence[str]) -> None:
         """``XACK``, batched: sent with the group's next receive, or once 64 are held or

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from iqbridge import engine, engine_batch
-from iqbridge.adapter import AcksInTransaction
+from iqbridge.adapter import AcksInTransaction, Colocated
 from iqbridge.durations import seconds, to_seconds
 from iqbridge.engine import Change
 from iqbridge.errors import BatchLeaseLost, IllegalTransition, InvalidArgument, IQError
@@ -21,6 +21,7 @@ from iqbridge.observability import tracing
 from iqbridge.queue_core import Part, QueueCore
 from iqbridge.redaction import get_logger
 from iqbridge.states import IN_DOUBT, PublisherState
+from iqbridge.stores.base import SettlesHeld
 from iqbridge.transaction import Binding, Transaction, driver_connection, join
 from iqbridge.writes import Writes
 
@@ -55,6 +56,17 @@ class Settling(Part):
         #: on the broker's server with its acknowledgements (the index co-located with a
         #: native-group broker), else in the index store.
         self._colocated = self.hub.colocated if self._native else None
+        #: Where a batch's done and in-process moves are settled by a plan from the
+        #: transition table, without a record per message, chosen once: on the broker's
+        #: server with its acknowledgements (the co-located index above), or in an index
+        #: store that can (SettlesHeld) when the broker leaves delivery to the index;
+        #: else None, and the batch engine decides them on the holds' records.
+        self._settle_held: _SettleHeld | None = None
+        store = self._store
+        if self._colocated is not None:
+            self._settle_held = functools.partial(_acking, self._colocated, store)
+        elif not self._native and isinstance(store, SettlesHeld):
+            self._settle_held = functools.partial(_pairs, store)
         self._settle_plans: dict[tuple[str, str], engine_batch.SettlePlan] = {}
 
     def _op(
@@ -188,7 +200,7 @@ class Settling(Part):
         batched: list[tuple[Hold, Move]] = []
         single: list[tuple[Hold, Move]] = []
         retry: list[tuple[Hold, Move]] = []
-        if self._colocated is not None and transaction is None:
+        if self._settle_held is not None and transaction is None:
             held = self._settle_where_held(held, result, retry)
         self._read_unknown(held)
         self._plan_settles(held, writes, batched, single, retry)
@@ -251,13 +263,15 @@ class Settling(Part):
         result: Settled,
         retry: list[tuple[Hold, Move]],
     ) -> list[tuple[Hold, Move]]:
-        """Done and in-process moves settled where the index lives, with the broker's
-        acknowledgements (the index co-located with the broker): one plan per subscriber
-        and kind from the transition table, then one call that compares and sets each
-        message's member there, no record on either side. A message off the common path
-        goes to ``retry`` (moved on a fresh read by the per-message engine, which raises
-        the right error). Returns the other moves, for the index's usual path."""
-        assert self._colocated is not None
+        """Done and in-process moves settled where the index lives (with the broker's
+        acknowledgements when the index is co-located with the broker): one plan per
+        subscriber and kind from the transition table, then one call that compares and
+        sets each message's member there, no record on either side. A message off the
+        common path goes to ``retry`` (moved on a fresh read by the per-message engine,
+        which raises the right error). Returns the other moves, for the index's usual
+        path."""
+        settle_held = self._settle_held
+        assert settle_held is not None
         rest: list[tuple[Hold, Move]] = []
         groups: dict[tuple[str, str], list[tuple[Hold, Move, tuple[str, str, str, str]]]] = {}
         for d, move in held:
@@ -271,9 +285,7 @@ class Settling(Part):
             if plan is None:
                 plan = engine_batch.settle_plan(subscriber, kind, auto_journal=self.auto_journal)
                 self._settle_plans[(subscriber, kind)] = plan
-            flags = self._colocated.settle_held(
-                self.name, plan, self._now(), [item for _, _, item in group], self._store
-            )
+            flags = settle_held(self.name, plan, self._now(), [item for _, _, item in group])
             for (d, move, _), ok in zip(group, flags, strict=True):
                 if not ok:
                     retry.append((d, move))
@@ -471,3 +483,34 @@ class Settling(Part):
             return engine.withdraw(rec, self._now(), "put undone")
 
         self._apply(confirm_id, undo_put)
+
+
+#: Settles held messages where they live: (queue, plan, at, (msg_id, token, consumer
+#: group, entry id) per message) -> one flag per message.
+_SettleHeld = Callable[
+    [str, engine_batch.SettlePlan, int, Sequence[tuple[str, str, str, str]]], list[bool]
+]
+
+
+def _acking(
+    colocated: Colocated,
+    store: object,
+    queue: str,
+    plan: engine_batch.SettlePlan,
+    at: int,
+    held: Sequence[tuple[str, str, str, str]],
+) -> list[bool]:
+    """The co-located adapter's settle of ``held``, acknowledging their entries."""
+    return colocated.settle_held(queue, plan, at, held, store)
+
+
+def _pairs(
+    store: SettlesHeld,
+    queue: str,
+    plan: engine_batch.SettlePlan,
+    at: int,
+    held: Sequence[tuple[str, str, str, str]],
+) -> list[bool]:
+    """The index store's settle (which acknowledges nothing) of ``held``'s (msg_id,
+    lease token) pairs."""
+    return store.settle_held(queue, plan, at, [(msg_id, token) for msg_id, token, _, _ in held])

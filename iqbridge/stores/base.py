@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from iqbridge.engine import Change
+from iqbridge.engine_batch import SettlePlan
 from iqbridge.model import (
     Filter,
     JournalEntry,
@@ -39,6 +40,7 @@ __all__ = [
     "IndexStore",
     "LateJournal",
     "PurgedMessage",
+    "SettlesHeld",
     "StaleRecord",
 ]
 
@@ -239,6 +241,26 @@ class IndexStore(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+        ...
+
+
+@runtime_checkable
+class SettlesHeld(Protocol):
+    """A store that settles a batch of held messages where it keeps them, by a plan the
+    client looked up in the transition table once for the batch
+    (:func:`iqbridge.engine_batch.settle_plan`), without a record or change object per
+    message: the facade's done and in-process path for brokers that leave delivery to
+    the index (SQLite, Redis)."""
+
+    def settle_held(
+        self, queue: str, plan: SettlePlan, at: int, held: Sequence[tuple[str, str]]
+    ) -> list[bool]:
+        """Move each of ``held`` (msg_id, lease token) whose ``plan.subscriber`` member is
+        in one of ``plan``'s states under that token as ``plan`` says, at ``at`` (µs),
+        the publisher journalled once every member is, the journal written per batch, in
+        one transaction (or script call). One flag per message: moved, or left as it was
+        (off the common path: another state or holder, a time limit, a browse lock), for
+        the per-message engine to decide."""
         ...
 
 

@@ -147,6 +147,17 @@ class RedisWrites(RedisCommits):
         return [seq > 0 for seq in seqs]
 
     def settle_held(
+        self, queue: str, plan: SettlePlan, at: int, held: Sequence[tuple[str, str]]
+    ) -> list[bool]:
+        """Settle held messages (msg_id, lease token) of one subscriber where they live,
+        as :meth:`settle_held_acking` does, with no broker entry to acknowledge (a
+        broker that leaves delivery to the index; see
+        :class:`~iqbridge.stores.base.SettlesHeld`)."""
+        return self.settle_held_acking(
+            queue, self._seq_key, plan, at, [(msg_id, token, "", "") for msg_id, token in held]
+        )
+
+    def settle_held_acking(
         self,
         queue: str,
         stream: str,

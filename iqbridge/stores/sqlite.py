@@ -44,6 +44,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from iqbridge.engine_batch import SettlePlan
 from iqbridge.errors import MessageNotFound
 from iqbridge.model import (
     Filter,
@@ -73,6 +74,7 @@ from iqbridge.stores.sqlite_database import (
     _translate,
     parse_sqlite_url,
 )
+from iqbridge.stores.sqlite_settle import settle_rows
 
 __all__ = [
     "SqliteDatabase",
@@ -109,6 +111,20 @@ class SqliteStore(SqliteCommits, AvailableQueries):
     def atomic(self) -> _Transaction:
         """One write transaction for everything inside."""
         return self.db.transaction()
+
+    def settle_held(
+        self, queue: str, plan: SettlePlan, at: int, held: Sequence[tuple[str, str]]
+    ) -> list[bool]:
+        """Settle held messages of one subscriber where they are kept, one transaction
+        for the batch (:mod:`iqbridge.stores.sqlite_settle`; see
+        :class:`~iqbridge.stores.base.SettlesHeld`)."""
+        if not held:
+            return []
+        try:
+            with self.db.transaction(savepoint=True) as conn:
+                return settle_rows(conn, queue, plan, at, held)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.db.path) from exc
 
     def load(self, msg_id: str) -> MessageRecord:
         """The current record of a message."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from iqbridge.engine import Change
@@ -22,7 +22,7 @@ from iqbridge.stores.codec import members_to_json as _members_json
 from iqbridge.stores.sqlite_database import SqliteDatabase, _translate
 from iqbridge.writes import Writes
 
-__all__ = ["SqliteCommits"]
+__all__ = ["SqliteCommits", "write_batch_journal"]
 
 _INSERT_MSG = (
     "INSERT INTO iq_messages (msg_id, queue, publisher, ordering_key, correlation_id, priority,"
@@ -142,40 +142,19 @@ class SqliteCommits:
     def _batch_journal(
         self, conn: sqlite3.Connection, writes: Writes, ok: set[str]
     ) -> dict[str, str]:
-        """Write the templated journal of what holds, in rows of fewer than ``_PER_ROW``
-        entries; the row numbers each message's entries went to, by msg_id."""
-        rows: list[list[Any]] = [[]]
-        size = 0
-        for group in writes.journal:
-            steps = [[s.actor, s.kind, s.src, s.dst, s.detail] for s in group.steps]
-            per = max(len(steps), 1)
-            items = [[m, a] for m, a in group.items if m in ok]
-            while items:
-                room = (_PER_ROW - 1 - size) // per
-                if room <= 0:
-                    rows.append([])
-                    size = 0
-                    continue
-                part, items = items[:room], items[room:]
-                rows[-1].append([group.at, steps, part])
-                size += per * len(part)
-        rows = [r for r in rows if r]
-        if not rows:
-            return {}
-        row = conn.execute("SELECT max(seq) FROM iq_journal").fetchone()
-        first = int(row[0] or 0) + 1
-        where: dict[str, list[str]] = {}
-        for n, groups in enumerate(rows):
-            for _, _, items in groups:
-                for msg_id, _ in items:
-                    rows_of = where.setdefault(msg_id, [])
-                    if not rows_of or rows_of[-1] != str(first + n):
-                        rows_of.append(str(first + n))
-        conn.executemany(
-            _INSERT_JOURNAL,
-            [(first + n, "", writes.queue, batch_entries_to_json(g)) for n, g in enumerate(rows)],
+        """Write the templated journal of what holds (:func:`write_batch_journal`)."""
+        return write_batch_journal(
+            conn,
+            writes.queue,
+            (
+                (
+                    group.at,
+                    [[s.actor, s.kind, s.src, s.dst, s.detail] for s in group.steps],
+                    [[m, a] for m, a in group.items if m in ok],
+                )
+                for group in writes.journal
+            ),
         )
-        return {msg_id: ",".join(v) for msg_id, v in where.items()}
 
     @staticmethod
     def _insert(
@@ -371,6 +350,48 @@ class SqliteCommits:
                 )
         except sqlite3.Error as exc:
             raise _translate(exc, self.db.path) from exc
+
+
+def write_batch_journal(
+    conn: sqlite3.Connection,
+    queue: str,
+    groups: Iterable[tuple[int, list[list[Any]], list[list[Any]]]],
+) -> dict[str, str]:
+    """Write a batch's templated journal, ``groups`` of (instant, steps as ``[actor,
+    kind, src, dst, detail]``, ``[msg_id, attempt]`` of every message that made them),
+    in journal rows of fewer than ``_PER_ROW`` entries; the row numbers each message's
+    entries went to (comma-separated, for its ``journal`` column), by msg_id."""
+    rows: list[list[Any]] = [[]]
+    size = 0
+    for at, steps, group_items in groups:
+        per = max(len(steps), 1)
+        items = list(group_items)
+        while items:
+            room = (_PER_ROW - 1 - size) // per
+            if room <= 0:
+                rows.append([])
+                size = 0
+                continue
+            part, items = items[:room], items[room:]
+            rows[-1].append([at, steps, part])
+            size += per * len(part)
+    rows = [r for r in rows if r]
+    if not rows:
+        return {}
+    row = conn.execute("SELECT max(seq) FROM iq_journal").fetchone()
+    first = int(row[0] or 0) + 1
+    where: dict[str, list[str]] = {}
+    for n, row_groups in enumerate(rows):
+        for _, _, items in row_groups:
+            for msg_id, _ in items:
+                rows_of = where.setdefault(msg_id, [])
+                if not rows_of or rows_of[-1] != str(first + n):
+                    rows_of.append(str(first + n))
+    conn.executemany(
+        _INSERT_JOURNAL,
+        [(first + n, "", queue, batch_entries_to_json(g)) for n, g in enumerate(rows)],
+    )
+    return {msg_id: ",".join(v) for msg_id, v in where.items()}
 
 
 def _message_row(rec: MessageRecord, members: str, journal: str) -> tuple[Any, ...]:

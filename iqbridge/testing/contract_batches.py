@@ -302,16 +302,16 @@ class BatchTests(ContractBase):
 
     def _round_trips(self, hub: Hub, work: Callable[[], object]) -> tuple[int, int]:
         with (
-            counting(hub.store, _COMMITS) as commits,
+            counting(hub.store, (*_COMMITS, "settle_held", "settle_held_acking")) as commits,
             counting(
-                hub.adapter,
-                (*_READS, "send", "send_indexed", "settle_indexed", "settle_held", "ack"),
+                hub.adapter, (*_READS, "send", "send_indexed", "settle_indexed", "ack")
             ) as broker,
         ):
             work()
-        # A co-located adapter commits to the index in its own calls.
+        # A co-located adapter commits to the index in its own calls (its settle of held
+        # messages through the store's, counted there).
         index_commits = sum(commits.values()) + sum(
-            broker[name] for name in ("send_indexed", "settle_indexed", "settle_held")
+            broker[name] for name in ("send_indexed", "settle_indexed")
         )
         return index_commits, sum(broker[name] for name in _READS)
 

@@ -25,6 +25,7 @@ from iqbridge.testing.store_contract_batches import BatchCommitTests
 from iqbridge.testing.store_contract_commits import CommitTests
 from iqbridge.testing.store_contract_queries import QueryTests
 from iqbridge.testing.store_contract_retained import RetainedCopyTests
+from iqbridge.testing.store_contract_settle import SettleHeldTests
 from iqbridge.testing.store_contract_writes import BatchWriteTests
 
 __all__ = [
@@ -38,7 +39,7 @@ __all__ = [
 
 
 class IndexStoreContract(
-    CommitTests, QueryTests, BatchCommitTests, RetainedCopyTests, BatchWriteTests
+    CommitTests, QueryTests, BatchCommitTests, RetainedCopyTests, BatchWriteTests, SettleHeldTests
 ):
     """Store-level behaviour every index store shares; see the module docstring.
 
@@ -49,6 +50,8 @@ class IndexStoreContract(
     :mod:`~iqbridge.testing.store_contract_batches` (``commit_each``, ``load_many``,
     ``set_native_refs``), :mod:`~iqbridge.testing.store_contract_retained` (retained
     payload copies) and :mod:`~iqbridge.testing.store_contract_writes` (a batch's writes
-    with its journal as templates, ``commit_writes``); hooks, fixtures and helpers are in
+    with its journal as templates, ``commit_writes``) and
+    :mod:`~iqbridge.testing.store_contract_settle` (``settle_held``, where a store
+    offers it); hooks, fixtures and helpers are in
     :mod:`~iqbridge.testing.store_contract_base`.
     """

@@ -5,8 +5,9 @@
 -- broker entries of what moved are acknowledged, all in one call. The client sends no
 -- record: each message is its msg_id, its token, its consumer group and its entry id.
 -- A message off the common path (its member in a state the plan does not move, held
--- under another token, a time limit or a browse lock on it) is left as it is and
--- reported, for the client's per-message engine to decide (and raise the right error).
+-- under another token, a time limit or a browse lock on it, another queue's) is left as
+-- it is and reported, for the client's per-message engine to decide (and raise the right
+-- error).
 --
 -- KEYS[1]  the stream whose entries are acknowledged
 -- ARGV[1]  the key prefix, "{iq:<prefix>}:"
@@ -96,8 +97,8 @@ for i = 1, n do
   a = a + 4
   local ok = false
   local key = P .. 'm:' .. id
-  local f = redis.call('HMGET', key, 'v', 's', 'r', 'u', 'mo', 'x', 'lk', 'ix', 'h')
-  if f[1] and not f[6] and not f[7] then
+  local f = redis.call('HMGET', key, 'v', 's', 'r', 'u', 'mo', 'x', 'lk', 'ix', 'h', 'q')
+  if f[1] and not f[6] and not f[7] and f[10] == q then
     local r = cjson.decode(f[3])
     local ps = r[14]
     local members, mine = {}, nil

@@ -1,0 +1,178 @@
+"""The index store contract: :meth:`~iqbridge.stores.base.SettlesHeld.settle_held`, a
+batch's done or in process settled where the store keeps the messages, by a plan from
+the transition table, without records. Stores that do not offer it (the memory and SQL
+stores: the facade decides their batches with the batch engine) skip these tests. See
+:mod:`iqbridge.testing.store_contract`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from iqbridge import engine, engine_batch
+from iqbridge.ids import new_id, new_token
+from iqbridge.model import Audience, JournalEntry, MessageRecord
+from iqbridge.states import PublisherState, SubscriberState
+from iqbridge.stores.base import IndexStore, SettlesHeld
+from iqbridge.testing.store_contract_base import SEC, T0, StoreContractBase, unique
+from iqbridge.writes import Writes
+
+__all__ = ["SettleHeldTests"]
+
+S = SubscriberState
+LEASE = 30 * SEC
+
+
+def _settler(store: IndexStore) -> SettlesHeld:
+    if not isinstance(store, SettlesHeld):
+        pytest.skip("the store settles no held messages itself (the batch engine does)")
+    return store
+
+
+def _shape(rec: MessageRecord) -> tuple[Any, ...]:
+    """What a settle may change of a record, without its identity."""
+    members = tuple(
+        (
+            m.subscriber,
+            m.state,
+            m.outcome,
+            m.attempt,
+            m.lease_owner,
+            m.lease_until,
+            m.not_before,
+            m.updated_at,
+        )
+        for m in sorted(rec.members.values(), key=lambda m: m.subscriber)
+    )
+    return (rec.publisher_state, rec.updated_at, rec.version, members)
+
+
+class SettleHeldTests(StoreContractBase):
+    """A held batch settled where it is kept moves exactly as the batch engine moves it
+    on records, journal included; what is off the common path is left as it is."""
+
+    def _held(
+        self, store: IndexStore, queue: str, count: int, to: Sequence[str], **fields: Any
+    ) -> tuple[list[str], list[str]]:
+        """``count`` new messages to ``to``, claimed by "a" in one batch: their ids and
+        lease tokens."""
+        items: list[engine_batch.NewItem] = [
+            (new_id(), "pub", None, None, 0, (), fields.get("expires_at"), "text/plain", 1)
+            for _ in range(count)
+        ]
+        records, journal = engine_batch.create(queue, Audience(tuple(to)), T0, items)
+        assert (
+            store.commit_writes(Writes(queue, created=records, journal=journal)) == [True] * count
+        )
+        tokens = [new_token() for _ in records]
+        moved, steps, off = engine_batch.claim(
+            records, "a", T0 + SEC, tokens, owner="a@contract", lease_until=T0 + SEC + LEASE
+        )
+        assert off == []
+        assert store.commit_writes(Writes(queue, moved=moved, journal=steps)) == [True] * count
+        return [r.msg_id for r in records], tokens
+
+    def _by_engine(
+        self, store: IndexStore, queue: str, ids: Sequence[str], tokens: Sequence[str], kind: str
+    ) -> None:
+        """The reference: the batch engine's settle on the records, committed."""
+        loaded = store.load_many(ids)
+        moved, steps, off = engine_batch.settle(
+            [loaded[i] for i in ids], "a", tokens, kind, T0 + 2 * SEC
+        )
+        assert off == []
+        assert store.commit_writes(Writes(queue, moved=moved, journal=steps)) == [True] * len(ids)
+
+    @pytest.mark.parametrize("to", [("a",), ("a", "b")])
+    def test_settle_held_moves_as_the_batch_engine_does(
+        self, store: IndexStore, queue: str, to: tuple[str, ...]
+    ) -> None:
+        settler = _settler(store)
+        mine, mine_tokens = self._held(store, queue, 6, to)
+        ref, ref_tokens = self._held(store, queue, 6, to)
+        plan = engine_batch.settle_plan("a", "done")
+        held = list(zip(mine, mine_tokens, strict=True))
+        flags = settler.settle_held(queue, plan, T0 + 2 * SEC, held)
+        assert flags == [True] * 6
+        self._by_engine(store, queue, ref, ref_tokens, "done")
+        got, want = store.load_many(mine), store.load_many(ref)
+        for a, b in zip(mine, ref, strict=True):
+            assert _shape(got[a]) == _shape(want[b])
+            assert got[a].members["a"].state is S.JOURNALLED
+            assert got[a].members["a"].outcome is S.DONE
+            journalled = PublisherState.JOURNALLED if to == ("a",) else PublisherState.REVEALED
+            assert got[a].publisher_state is journalled
+            assert _entries(store.history(a)) == _entries(store.history(b))
+        # Every reader sees one entry per message per transition: the journal too.
+        journal = [e for e in store.journal(0, 1_000_000) if e.msg_id in set(mine)]
+        assert len(journal) == sum(len(store.history(i)) for i in mine)
+        # The settled leases no longer make the messages due.
+        due = set(store.due(queue, T0 + 2 * SEC + LEASE, 100))
+        assert due.isdisjoint(mine) and due.isdisjoint(ref)
+
+    def test_in_process_then_done(self, store: IndexStore, queue: str) -> None:
+        settler = _settler(store)
+        ids, tokens = self._held(store, queue, 3, ("a",))
+        held = list(zip(ids, tokens, strict=True))
+        process = engine_batch.settle_plan("a", "process")
+        assert settler.settle_held(queue, process, T0 + 2 * SEC, held) == [True] * 3
+        assert {r.members["a"].state for r in store.load_many(ids).values()} == {S.IN_PROCESS}
+        # In process only from FETCHED: a second time it is off the plan's path.
+        assert settler.settle_held(queue, process, T0 + 3 * SEC, held) == [False] * 3
+        done = engine_batch.settle_plan("a", "done")
+        assert settler.settle_held(queue, done, T0 + 3 * SEC, held) == [True] * 3
+        for msg_id in ids:
+            moves = [(e.src, e.dst) for e in store.history(msg_id) if e.actor == "a"]
+            assert moves[-3:] == [
+                ("FETCHED", "IN_PROCESS"),
+                ("IN_PROCESS", "DONE"),
+                ("DONE", "JOURNALLED"),
+            ]
+
+    def test_settle_held_leaves_what_is_off_the_common_path(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        settler = _settler(store)
+        ids, tokens = self._held(store, queue, 3, ("a",))
+        limited, limited_tokens = self._held(store, queue, 1, ("a",), expires_at=T0 + 3600 * SEC)
+        locked, locked_tokens = self._held(store, queue, 1, ("a",))
+        self.move(
+            store,
+            locked[0],
+            lambda r: engine.lock(r, "lock-1", "someone", T0 + SEC, T0 + 3600 * SEC),
+        )
+        available = self.put(store, queue).msg_id
+        other = unique()
+        store.declare_queue(other)
+        elsewhere, elsewhere_tokens = self._held(store, other, 1, ("a",))
+        held = [
+            (ids[0], "not-the-token"),
+            (ids[1], tokens[1]),
+            (ids[1], tokens[1]),  # repeated: moved once
+            ("no-such-message", "t"),
+            (limited[0], limited_tokens[0]),
+            (locked[0], locked_tokens[0]),
+            (available, "t"),
+            (elsewhere[0], elsewhere_tokens[0]),
+        ]
+        untouched = [ids[0], limited[0], locked[0], available, elsewhere[0]]
+        before = store.load_many(untouched)
+        histories = {i: store.history(i) for i in untouched}
+        plan = engine_batch.settle_plan("a", "done")
+        flags = settler.settle_held(queue, plan, T0 + 2 * SEC, held)
+        assert flags == [False, True, False, False, False, False, False, False]
+        after = store.load_many(untouched)
+        for msg_id in untouched:
+            assert after[msg_id].version == before[msg_id].version
+            assert _shape(after[msg_id]) == _shape(before[msg_id])
+            assert store.history(msg_id) == histories[msg_id]
+        assert store.load(ids[1]).members["a"].state is S.JOURNALLED
+        assert store.load(ids[2]).members["a"].state is S.FETCHED
+        assert settler.settle_held(queue, plan, T0 + 2 * SEC, []) == []
+
+
+def _entries(history: Sequence[JournalEntry]) -> list[tuple[Any, ...]]:
+    """History entries without their message, queue and seq."""
+    return [(e.actor, e.actor_kind, e.src, e.dst, e.at, e.attempt, e.detail) for e in history]
