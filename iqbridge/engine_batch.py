@@ -31,7 +31,16 @@ from iqbridge.states import (
 )
 from iqbridge.writes import Step, Steps
 
-__all__ = ["NewItem", "SettlePlan", "claim", "create", "settle", "settle_plan"]
+__all__ = [
+    "ClaimPlan",
+    "NewItem",
+    "SettlePlan",
+    "claim",
+    "claim_plan",
+    "create",
+    "settle",
+    "settle_plan",
+]
 
 S = SubscriberState
 P = PublisherState
@@ -306,3 +315,35 @@ def settle_plan(subscriber: str, kind: str, *, auto_journal: bool = True) -> Set
             done = publisher_move("", "", pub, PubEvent.JOURNAL)
             publisher[pub] = (done, [_PUB.value, pub.value, done.value, None])
     return SettlePlan(subscriber, kind, moves, publisher)
+
+
+class ClaimPlan(NamedTuple):
+    """A batch claim decided from the transition table once, for a store that applies it
+    to each message where the message lives (the SQLite index's claim of ready rows):
+    what :func:`claim` does, as data.
+
+    ``subscriber``'s member moves from ``src`` (AVAILABLE) to ``dst`` (FETCHED, through
+    GET), held by ``owner`` until ``lease_until`` (None: no lease), journalled as
+    ``steps`` (JSON-ready ``[actor, kind, src, dst, detail]``). A message off the common
+    path (a pool's member, another state, the message not ``revealed``, a time limit, a
+    browse lock, a retry delay still running) is left to the per-message engine."""
+
+    subscriber: str
+    owner: str
+    lease_until: int | None
+    src: SubscriberState
+    dst: SubscriberState
+    revealed: PublisherState
+    steps: list[list[Any]]
+
+
+def claim_plan(subscriber: str, owner: str, lease_until: int | None) -> ClaimPlan:
+    """:func:`claim`'s moves (GET then FETCHED) for ``subscriber``, looked up in the
+    transition table once (see :class:`ClaimPlan`)."""
+    got = subscriber_move("", subscriber, S.AVAILABLE, SubEvent.GET)
+    fetched = subscriber_move("", subscriber, got, SubEvent.FETCH)
+    steps: list[list[Any]] = [
+        [subscriber, _SUB.value, S.AVAILABLE.value, got.value, f"by {owner}"],
+        [subscriber, _SUB.value, got.value, fetched.value, None],
+    ]
+    return ClaimPlan(subscriber, owner, lease_until, S.AVAILABLE, fetched, P.REVEALED, steps)

@@ -13,6 +13,7 @@ from iqbridge.delivery import Delivery
 from iqbridge.durations import seconds, to_seconds
 from iqbridge.engine import Change
 from iqbridge.errors import IllegalTransition, InvalidArgument, LockedError
+from iqbridge.holding import Hold
 from iqbridge.housekeeping import Housekeeping
 from iqbridge.ids import new_token
 from iqbridge.model import MessageRecord, check_name
@@ -21,12 +22,17 @@ from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH, Part, QueueCore
 from iqbridge.receiving import Receiving
 from iqbridge.redaction import get_logger
 from iqbridge.settling import Settling
+from iqbridge.stores.base import ClaimsReady
 from iqbridge.writes import Steps, Writes
 
 __all__ = ["Getting"]
 
 
 log = get_logger("iqbridge")
+
+
+class _PayloadAway(Exception):
+    """A claimed message's payload is not on the broker: undo the claim's transaction."""
 
 
 class Getting(Part):
@@ -52,6 +58,16 @@ class Getting(Part):
         # The path a get without a browse lock takes, chosen once for the hub's broker:
         # the index's candidates, or the broker's consumer groups resolved against it.
         self._get_unlocked = self._get_from_groups if self._native else self._get_by_index
+        #: Where an index-driven get claims, chosen once: in the index store, by a plan
+        #: from the transition table and no record per message, when the store can
+        #: (ClaimsReady) and the broker hands payloads over by reference; else through
+        #: the records (the batch engine, then one commit).
+        store = self._store
+        self._claims_ready: ClaimsReady | None = (
+            store
+            if not self._native and self._reads_by_ref and isinstance(store, ClaimsReady)
+            else None
+        )
         #: Whether a pool member may find messages another member read ahead (every
         #: native-group broker but those whose groups have one active reader).
         self._others_read_ahead = not self._adapter.capabilities.single_active_groups
@@ -170,6 +186,17 @@ class Getting(Part):
     ) -> list[Delivery]:
         """Claim what the index says is there (index-driven brokers, and browse locks on
         every broker)."""
+        if lock_id is None and self._claims_ready is not None:
+            ready = self._claim_ready(self._claims_ready, subscriber, want, now, owner, lease_us)
+            if ready is not None:
+                got, off = ready
+                if off and len(got) < want:
+                    # Off the common path (a pool, a time limit, a retry delay...): the
+                    # per-message engine decides those.
+                    got += self._claim_by_index(
+                        subscriber, off, want - len(got), now, owner, lease_us, None
+                    )
+                return got
         ask = max(want, CLAIM_BATCH)
         # Candidates are read outside the claim's transaction, so other consumers can
         # take every one of them first: only an empty list means there is nothing.
@@ -181,6 +208,46 @@ class Getting(Part):
             if got:
                 return got
         return []
+
+    def _claim_ready(
+        self,
+        store: ClaimsReady,
+        subscriber: str,
+        want: int,
+        now: int,
+        owner: str,
+        lease_us: int | None,
+    ) -> tuple[list[Delivery], list[str]] | None:
+        """Claim up to ``want`` ready messages where the index keeps them (one
+        transaction, no record per message) and read their payloads by reference in it:
+        the deliveries, and the ready messages off the common path. None, with nothing
+        claimed, when a payload is not on the broker (the per-record path then decides
+        what becomes of it)."""
+        tokens = [new_token() for _ in range(want)]
+        try:
+            with self._store.atomic():
+                # Stamped once the write lock is held, as the per-record path does.
+                at = max(now, self._now())
+                until = at + lease_us if lease_us is not None else None
+                plan = engine_batch.claim_plan(subscriber, owner, until)
+                claimed, off = store.claim_ready(self.name, plan, at, tokens)
+                envs = (
+                    self._adapter.read_many(self.name, [row[1] for row in claimed])
+                    if claimed
+                    else []
+                )
+                if any(env is None for env in envs):
+                    raise _PayloadAway
+        except _PayloadAway:
+            return None
+        out: list[Delivery] = []
+        for (msg_id, ref, attempt, most, token), env in zip(claimed, envs, strict=True):
+            assert env is not None
+            # The hold knows no record: a settle where the index lives needs none, and
+            # any other move reads it (a batch's in one call).
+            hold = Hold(msg_id, subscriber, token, group=subscriber, ref=ref, lease_until=until)
+            out.append(Delivery(self._settling, env, subscriber, token, attempt, most, hold=hold))
+        return out, off
 
     def _get_from_groups(
         self,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from iqbridge.engine import Change
-from iqbridge.engine_batch import SettlePlan
+from iqbridge.engine_batch import ClaimPlan, SettlePlan
 from iqbridge.model import (
     Filter,
     JournalEntry,
@@ -36,6 +36,8 @@ from iqbridge.writes import Writes
 __all__ = [
     "AvailableQueries",
     "BatchWrites",
+    "ClaimedRow",
+    "ClaimsReady",
     "Counting",
     "IndexStore",
     "LateJournal",
@@ -242,6 +244,32 @@ class IndexStore(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
+
+
+@runtime_checkable
+class ClaimsReady(Protocol):
+    """A store that claims a subscriber's ready messages where it keeps them, by a plan
+    the client looked up in the transition table once for the batch
+    (:func:`iqbridge.engine_batch.claim_plan`), without a record or change object per
+    message: the facade's get path for brokers that leave delivery to the index and
+    hand payloads over by reference (the embedded SQLite queue)."""
+
+    def claim_ready(
+        self, queue: str, plan: ClaimPlan, at: int, tokens: Sequence[str]
+    ) -> tuple[Sequence[ClaimedRow], list[str]]:
+        """Claim, in one transaction, up to ``len(tokens)`` of ``plan.subscriber``'s
+        ready messages of ``queue`` at ``at`` (µs), in claim order (priority, then put
+        order), the n-th under ``tokens[n]``: the member moved as ``plan`` says, the
+        journal written per batch. Returns the claims (msg_id, native ref, attempt, max
+        attempts, token) and the msg_ids of ready messages read but off the common path
+        (a pool, a time limit, a browse lock, a retry delay...), for the per-message
+        engine."""
+        ...
+
+
+#: One claim of :meth:`ClaimsReady.claim_ready`: msg_id, native ref, the member's
+#: attempt, the message's max attempts, the lease token.
+ClaimedRow = tuple[str, str, int, int, str]
 
 
 @runtime_checkable

@@ -44,7 +44,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from iqbridge.engine_batch import SettlePlan
+from iqbridge.engine_batch import ClaimPlan, SettlePlan
 from iqbridge.errors import MessageNotFound
 from iqbridge.model import (
     Filter,
@@ -67,6 +67,7 @@ from iqbridge.stores.codec import (
 )
 from iqbridge.stores.codec import members_from_json as _members
 from iqbridge.stores.codec import summary as _summary
+from iqbridge.stores.sqlite_claim import Claimed, claim_rows
 from iqbridge.stores.sqlite_commit import SqliteCommits
 from iqbridge.stores.sqlite_database import (
     SqliteDatabase,
@@ -111,6 +112,18 @@ class SqliteStore(SqliteCommits, AvailableQueries):
     def atomic(self) -> _Transaction:
         """One write transaction for everything inside."""
         return self.db.transaction()
+
+    def claim_ready(
+        self, queue: str, plan: ClaimPlan, at: int, tokens: Sequence[str]
+    ) -> tuple[list[Claimed], list[str]]:
+        """Claim ready messages of one subscriber where they are kept, one transaction
+        for the batch (:mod:`iqbridge.stores.sqlite_claim`; see
+        :class:`~iqbridge.stores.base.ClaimsReady`)."""
+        try:
+            with self.db.transaction(savepoint=True) as conn:
+                return claim_rows(conn, queue, plan, at, tokens)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.db.path) from exc
 
     def settle_held(
         self, queue: str, plan: SettlePlan, at: int, held: Sequence[tuple[str, str]]

@@ -77,26 +77,32 @@ def delay_broker_read(
     clock (a slow broker, a consumer group joining): the real read runs against the real
     broker, and the clock moves on before it returns. The read is the adapter's
     ``receive`` (``receive_indexed`` where broker and index are co-located), or, for an
-    index-driven adapter, the index's ``claimable``. Returns the list of the clock's
-    times the delayed read returned at (one at most)."""
-    target: object
+    index-driven adapter, the index's ``claimable`` (and its ``claim_ready``, which
+    reads what is ready and claims the common path in one transaction: what it leaves
+    to the per-message engine is claimed after the delay). Returns the list of the
+    clock's times the delayed read returned at (one at most)."""
+    reads: list[tuple[object, str]]
     if not hub.adapter.capabilities.native_groups:
-        target, name = hub.store, "claimable"  # the index is the queue
+        reads = [(hub.store, "claimable"), (hub.store, "claim_ready")]  # the index is the queue
     elif hub.colocated is not None:
-        target, name = hub.colocated, "receive_indexed"
+        reads = [(hub.colocated, "receive_indexed")]
     else:
-        target, name = hub.adapter, "receive"
-    real = getattr(target, name)
+        reads = [(hub.adapter, "receive")]
     delayed: list[float] = []
+    for target, name in reads:
+        real = getattr(target, name, None)
+        if real is None:
+            continue
 
-    def slow(*args: Any, **kwargs: Any) -> Any:
-        got = real(*args, **kwargs)
-        if got and not delayed:
-            clock.advance(seconds)
-            delayed.append(clock.now)
-        return got
+        def slow(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            got = _real(*args, **kwargs)
+            found = any(got) if isinstance(got, tuple) else bool(got)
+            if found and not delayed:
+                clock.advance(seconds)
+                delayed.append(clock.now)
+            return got
 
-    monkeypatch.setattr(target, name, slow)
+        monkeypatch.setattr(target, name, slow)
     return delayed
 
 

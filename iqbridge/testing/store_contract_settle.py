@@ -1,8 +1,9 @@
-"""The index store contract: :meth:`~iqbridge.stores.base.SettlesHeld.settle_held`, a
-batch's done or in process settled where the store keeps the messages, by a plan from
-the transition table, without records. Stores that do not offer it (the memory and SQL
-stores: the facade decides their batches with the batch engine) skip these tests. See
-:mod:`iqbridge.testing.store_contract`."""
+"""The index store contract: batches moved where the store keeps the messages, by a plan
+from the transition table, without records: a claim of ready messages
+(:meth:`~iqbridge.stores.base.ClaimsReady.claim_ready`) and a done or in process of held
+ones (:meth:`~iqbridge.stores.base.SettlesHeld.settle_held`). A store that does not offer
+one (the memory and SQL stores: the facade decides their batches with the batch engine)
+skips its tests. See :mod:`iqbridge.testing.store_contract`."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import pytest
 
 from iqbridge import engine, engine_batch
 from iqbridge.ids import new_id, new_token
-from iqbridge.model import Audience, JournalEntry, MessageRecord
+from iqbridge.model import Audience, JournalEntry, MessageRecord, Pool
 from iqbridge.states import PublisherState, SubscriberState
-from iqbridge.stores.base import IndexStore, SettlesHeld
+from iqbridge.stores.base import ClaimsReady, IndexStore, SettlesHeld
 from iqbridge.testing.store_contract_base import SEC, T0, StoreContractBase, unique
 from iqbridge.writes import Writes
 
-__all__ = ["SettleHeldTests"]
+__all__ = ["ClaimReadyTests", "SettleHeldTests"]
 
 S = SubscriberState
 LEASE = 30 * SEC
@@ -28,6 +29,12 @@ LEASE = 30 * SEC
 def _settler(store: IndexStore) -> SettlesHeld:
     if not isinstance(store, SettlesHeld):
         pytest.skip("the store settles no held messages itself (the batch engine does)")
+    return store
+
+
+def _claimer(store: IndexStore) -> ClaimsReady:
+    if not isinstance(store, ClaimsReady):
+        pytest.skip("the store claims no ready messages itself (the batch engine does)")
     return store
 
 
@@ -176,3 +183,89 @@ class SettleHeldTests(StoreContractBase):
 def _entries(history: Sequence[JournalEntry]) -> list[tuple[Any, ...]]:
     """History entries without their message, queue and seq."""
     return [(e.actor, e.actor_kind, e.src, e.dst, e.at, e.attempt, e.detail) for e in history]
+
+
+class ClaimReadyTests(StoreContractBase):
+    """Ready messages claimed where they are kept move exactly as the batch engine
+    claims them, in claim order; what is off the common path is handed back."""
+
+    def _put(self, store: IndexStore, queue: str, count: int, **fields: Any) -> list[str]:
+        items: list[engine_batch.NewItem] = [
+            (new_id(), "pub", None, None, fields.get("priority", 0), (), None, "text/plain", 1)
+            for _ in range(count)
+        ]
+        to = fields.get("to", ("a",))
+        records, journal = engine_batch.create(queue, Audience(tuple(to)), T0, items)
+        assert (
+            store.commit_writes(Writes(queue, created=records, journal=journal)) == [True] * count
+        )
+        store.set_native_refs([(r.msg_id, f"ref-{r.msg_id}") for r in records])
+        return [r.msg_id for r in records]
+
+    @pytest.mark.parametrize("to", [("a",), ("a", "b")])
+    def test_claim_ready_claims_as_the_batch_engine_does(
+        self, store: IndexStore, queue: str, to: tuple[str, ...]
+    ) -> None:
+        claimer = _claimer(store)
+        mine = self._put(store, queue, 5, to=to)
+        at, until = T0 + SEC, T0 + SEC + LEASE
+        plan = engine_batch.claim_plan("a", "a@contract", until)
+        tokens = [new_token() for _ in range(5)]
+        claimed, off = claimer.claim_ready(queue, plan, at, tokens)
+        assert off == []
+        assert [c[0] for c in claimed] == mine  # claim order: priority, then put order
+        assert [(c[1], c[2], c[3], c[4]) for c in claimed] == [
+            (f"ref-{m}", 1, 5, t) for m, t in zip(mine, tokens, strict=True)
+        ]
+        ref = self._put(store, queue, 5, to=to)
+        loaded = store.load_many(ref)
+        moved, steps, _ = engine_batch.claim(
+            [loaded[i] for i in ref], "a", at, tokens, owner="a@contract", lease_until=until
+        )
+        assert store.commit_writes(Writes(queue, moved=moved, journal=steps)) == [True] * 5
+        got, want = store.load_many(mine), store.load_many(ref)
+        for a, b in zip(mine, ref, strict=True):
+            assert _shape(got[a]) == _shape(want[b])
+            assert got[a].members["a"].lease_token == want[b].members["a"].lease_token
+            assert _entries(store.history(a)) == _entries(store.history(b))
+        assert store.claimable(queue, "a", at, 100) == []
+        assert set(store.due(queue, until, 100)) == set(mine) | set(ref)
+        if to == ("a", "b"):
+            assert store.claimable(queue, "b", at, 100) == mine + ref
+        # Nothing left: an empty claim.
+        assert claimer.claim_ready(queue, plan, at, [new_token()]) == ([], [])
+
+    def test_claim_ready_takes_priority_first_and_at_most_one_per_token(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        claimer = _claimer(store)
+        low = self._put(store, queue, 3, priority=1)
+        high = self._put(store, queue, 2, priority=7)
+        plan = engine_batch.claim_plan("a", "a@contract", T0 + SEC + LEASE)
+        claimed, off = claimer.claim_ready(queue, plan, T0 + SEC, [new_token() for _ in range(3)])
+        assert ([c[0] for c in claimed], off) == ([*high, low[0]], [])
+        claimed, _ = claimer.claim_ready(queue, plan, T0 + SEC, [new_token() for _ in range(9)])
+        assert [c[0] for c in claimed] == low[1:]
+
+    def test_claim_ready_hands_back_what_is_off_the_common_path(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        claimer = _claimer(store)
+        plain = self._put(store, queue, 1)[0]
+        pooled = self.put(store, queue, to=(), pools=[Pool("a", ["a1", "a2"])]).msg_id
+        limited = self.put(store, queue, expires_at=T0 + 3600 * SEC).msg_id
+        no_ref = self.put(store, queue).msg_id  # its broker reference not recorded yet
+        for msg_id in (pooled, limited):
+            store.set_native_refs([(msg_id, f"ref-{msg_id}")])
+        before = store.load_many([pooled, limited, no_ref])
+        plan = engine_batch.claim_plan("a", "a@contract", T0 + SEC + LEASE)
+        claimed, off = claimer.claim_ready(queue, plan, T0 + SEC, [new_token() for _ in range(9)])
+        assert [c[0] for c in claimed] == [plain]
+        assert sorted(off) == sorted([limited, no_ref])
+        # A pool's member: the per-message engine decides who of the pool takes it.
+        pool_plan = engine_batch.claim_plan("a1", "a1@contract", T0 + SEC + LEASE)
+        assert claimer.claim_ready(queue, pool_plan, T0 + SEC, [new_token()]) == ([], [pooled])
+        after = store.load_many([pooled, limited, no_ref])
+        for msg_id, rec in before.items():
+            assert after[msg_id].version == rec.version
+            assert _shape(after[msg_id]) == _shape(rec)
