@@ -59,14 +59,19 @@ class Settling(Part):
         #: Where a batch's done and in-process moves are settled by a plan from the
         #: transition table, without a record per message, chosen once: on the broker's
         #: server with its acknowledgements (the co-located index above), or in an index
-        #: store that can (SettlesHeld) when the broker leaves delivery to the index;
-        #: else None, and the batch engine decides them on the holds' records.
+        #: store that can (SettlesHeld), the broker's acknowledgements of what is DONE
+        #: sent after it (a native-group broker); else None, and the batch engine
+        #: decides them on the holds' records.
         self._settle_held: _SettleHeld | None = None
         store = self._store
         if self._colocated is not None:
             self._settle_held = functools.partial(_acking, self._colocated, store)
-        elif not self._native and isinstance(store, SettlesHeld):
-            self._settle_held = functools.partial(_pairs, store)
+        elif isinstance(store, SettlesHeld):
+            self._settle_held = (
+                functools.partial(self._settle_then_ack, store)
+                if self._native
+                else functools.partial(_pairs, store)
+            )
         self._settle_plans: dict[tuple[str, str], engine_batch.SettlePlan] = {}
 
     def _op(
@@ -281,10 +286,7 @@ class Settling(Part):
             else:
                 groups.setdefault((d.subscriber, move.kind), []).append((d, move, item))
         for (subscriber, kind), group in groups.items():
-            plan = self._settle_plans.get((subscriber, kind))
-            if plan is None:
-                plan = engine_batch.settle_plan(subscriber, kind, auto_journal=self.auto_journal)
-                self._settle_plans[(subscriber, kind)] = plan
+            plan = self._plan(subscriber, kind)
             flags = settle_held(self.name, plan, self._now(), [item for _, _, item in group])
             for (d, move, _), ok in zip(group, flags, strict=True):
                 if not ok:
@@ -295,6 +297,27 @@ class Settling(Part):
                 if kind == "done":
                     result.done.append(d.msg_id)
         return rest
+
+    def _settle_then_ack(
+        self,
+        store: SettlesHeld,
+        queue: str,
+        plan: engine_batch.SettlePlan,
+        at: int,
+        held: Sequence[tuple[str, str, str, str]],
+    ) -> list[bool]:
+        """Settle ``held`` in the index store, then acknowledge to the broker (one call
+        per consumer group) the entries of those a done moved: the index holds each
+        outcome first, as a commit then :meth:`_tell_broker` does."""
+        flags = _pairs(store, queue, plan, at, held)
+        if plan.kind == "done":
+            acks: dict[str, list[str]] = {}
+            for (_, _, group, ref), ok in zip(held, flags, strict=True):
+                if ok and ref:
+                    acks.setdefault(group, []).append(ref)
+            for group, refs in acks.items():
+                self._broker_call(functools.partial(self._adapter.ack, queue, group, refs))
+        return flags
 
     def _read_unknown(self, held: Sequence[tuple[Hold, Move]]) -> None:
         """The records of holds that know none (moved where the index lives before, say
@@ -383,15 +406,47 @@ class Settling(Part):
             seconds(move.delay, "delay")
         elif kind == "renew":
             to_seconds(move.lease, "lease", positive=True)
-        if kind in ("process", "renew"):
+        if kind == "renew":
+            change = self._move(hold.msg_id, hold.subscriber, hold.token, move, hold.record)
+        elif kind == "process":
+            if self._settled_where_held(hold, kind):
+                return
             change = self._move(hold.msg_id, hold.subscriber, hold.token, move, hold.record)
         else:
             with tracing.settle(kind, self, hold.msg_id, hold.subscriber, hold.known):
+                if transaction is None and kind == "done" and self._settled_where_held(hold, kind):
+                    return
                 if transaction is None or kind != "done":
                     change = self._move(hold.msg_id, hold.subscriber, hold.token, move, hold.record)
                 else:
                     change = self._done_in(hold, transaction)
         hold.settled(change.record)
+
+    def _settled_where_held(self, hold: Hold, kind: str) -> bool:
+        """A done or in process of one hold settled where the index lives (a batch of
+        one, as :meth:`_settle_where_held` settles a batch), when the queue settles so:
+        True if it moved; False if it did not (nothing changed: off the common path, for
+        the per-message engine, which raises the right error)."""
+        settle_held = self._settle_held
+        if settle_held is None:
+            return False
+        item = self._held_item(hold)
+        if item is None:
+            return False
+        plan = self._plan(hold.subscriber, kind)
+        if not settle_held(self.name, plan, self._now(), [item])[0]:
+            return False
+        dst, last, _ = plan.moves.get(hold.state) or next(iter(plan.moves.values()))
+        hold.moved(last or dst, held=kind == "process")
+        return True
+
+    def _plan(self, subscriber: str, kind: str) -> engine_batch.SettlePlan:
+        """The settle plan of ``subscriber``'s ``kind`` moves, looked up once."""
+        plan = self._settle_plans.get((subscriber, kind))
+        if plan is None:
+            plan = engine_batch.settle_plan(subscriber, kind, auto_journal=self.auto_journal)
+            self._settle_plans[(subscriber, kind)] = plan
+        return plan
 
     def _done_in(self, hold: Hold, transaction: object) -> Change:
         with join(self._store, transaction) as binding:
