@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
+from typing import overload
 
 from iqbridge import engine, engine_batch
 from iqbridge.adapter import LocksNatively
@@ -33,6 +34,35 @@ log = get_logger("iqbridge")
 
 class _PayloadAway(Exception):
     """A claimed message's payload is not on the broker: undo the claim's transaction."""
+
+
+class _Tokens(Sequence[str]):
+    """``n`` lease tokens for one claim, each made when asked for (a get of up to 500
+    that finds 3 makes 3): a random prefix of this claim's, then the position."""
+
+    __slots__ = ("_base", "_n")
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._base = new_token()[:24]
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return f"{self._base}{i:08x}"
 
 
 class Getting(Part):
@@ -186,28 +216,34 @@ class Getting(Part):
     ) -> list[Delivery]:
         """Claim what the index says is there (index-driven brokers, and browse locks on
         every broker)."""
+        got: list[Delivery] = []
         if lock_id is None and self._claims_ready is not None:
             ready = self._claim_ready(self._claims_ready, subscriber, want, now, owner, lease_us)
             if ready is not None:
                 got, off = ready
-                if off and len(got) < want:
-                    # Off the common path (a pool, a time limit, a retry delay...): the
-                    # per-message engine decides those.
-                    got += self._claim_by_index(
-                        subscriber, off, want - len(got), now, owner, lease_us, None
-                    )
-                return got
-        ask = max(want, CLAIM_BATCH)
+                if not off or len(got) >= want:
+                    return got
+                # Off the common path (a pool, a time limit, a retry delay...): the
+                # per-message engine decides those; what it cannot claim (a payload not
+                # yet on the broker, say) must not hide the messages behind it, which
+                # the candidates below reach.
+                got += self._claim_by_index(
+                    subscriber, off, want - len(got), now, owner, lease_us, None
+                )
+                if len(got) >= want:
+                    return got
+        rest = want - len(got)
+        ask = max(rest, CLAIM_BATCH)
         # Candidates are read outside the claim's transaction, so other consumers can
         # take every one of them first: only an empty list means there is nothing.
         for _ in range(CAS_ATTEMPTS):
             ids = self._store.claimable(self.name, subscriber, now, ask, lock_id)
             if not ids:
-                return []
-            got = self._claim_by_index(subscriber, ids, want, now, owner, lease_us, lock_id)
-            if got:
                 return got
-        return []
+            more = self._claim_by_index(subscriber, ids, rest, now, owner, lease_us, lock_id)
+            if more:
+                return got + more
+        return got
 
     def _claim_ready(
         self,
@@ -223,7 +259,7 @@ class Getting(Part):
         the deliveries, and the ready messages off the common path. None, with nothing
         claimed, when a payload is not on the broker (the per-record path then decides
         what becomes of it)."""
-        tokens = [new_token() for _ in range(want)]
+        tokens = _Tokens(want)
         try:
             with self._store.atomic():
                 # Stamped once the write lock is held, as the per-record path does.

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from iqbridge import engine
 from iqbridge.errors import (
     AudienceError,
     IllegalTransition,
@@ -22,7 +23,8 @@ from iqbridge.errors import (
     UnknownQueueError,
 )
 from iqbridge.hub import Hub
-from iqbridge.model import Filter, Pool, from_micros
+from iqbridge.ids import new_id
+from iqbridge.model import Audience, Filter, Pool, from_micros
 from iqbridge.queue import Queue
 from iqbridge.retry import RetryPolicy
 from iqbridge.states import PublisherState, SubscriberState
@@ -219,6 +221,34 @@ class FeatureTests(ContractBase):
         assert view.lease_until == from_micros(int((delayed[0] + LEASE) * 1_000_000))
         d.done()
         assert count_moves(q.state(msg_id), "w1", S.DONE) == 1
+
+    @pytest.mark.parametrize("many", [False, True], ids=["get", "get_many"])
+    def test_a_message_no_get_can_take_yet_hides_none_behind_it(
+        self, hub: Hub, q: Queue, clock: FakeClock, many: bool
+    ) -> None:
+        """A message revealed in the index whose payload the broker does not have yet (a
+        put that sends after it indexes, still in flight) is first in claim order: the
+        get skips it and takes the ones behind it."""
+        q.subscribe("a")
+        early = engine.new_message(
+            msg_id=new_id(),
+            queue=q.name,
+            publisher="p",
+            audience=Audience(("a",)),
+            now=hub.now_us(),
+            priority=9,
+        )
+        hub.store.commit(early)
+        first = q.put(b"1", to=["a"])
+        second = q.put(b"2", to=["a"])
+        if many:
+            assert q.get_many("a", 1).msg_ids == [first]
+            assert q.get_many("a", 5).msg_ids == [second]
+        else:
+            assert take(q, "a").msg_id == first
+            assert take(q, "a").msg_id == second
+        assert q.get("a") is None
+        assert q.state(early.msg_id).subscribers["a"].state is S.AVAILABLE
 
     def test_lease_expiry_after_max_attempts_is_unusable(self, q: Queue, clock: FakeClock) -> None:
         msg_id = q.put(b"x", to=["a"])
