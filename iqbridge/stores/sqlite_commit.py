@@ -168,32 +168,15 @@ class SqliteCommits:
         rows: list[tuple[Any, ...]] = []
         ready: list[tuple[Any, ...]] = []
         payloads: list[tuple[str, bytes, str]] = []
-        # Records of one kind (one put's options) differ only in msg_id and size: their
-        # members' JSON, due time and ready members are made once per kind.
-        kinds = writes.kinds if len(writes.kinds) == len(writes.created) else None
-        alike: dict[int, tuple[str, int | None, list[tuple[str, int]]]] = {}
         for i, (rec, ok) in enumerate(zip(writes.created, flags, strict=True)):
             if not ok:
                 continue
             seq += 1
             rec.seq = seq
-            shared = alike.get(kinds[i]) if kinds is not None else None
-            if shared is None:
-                shared = (
-                    _members_json(rec),
-                    rec.due_at(),
-                    [
-                        (m.subscriber, m.attempt)
-                        for m in rec.members.values()
-                        if m.state is _AVAILABLE
-                    ],
-                )
-                if kinds is not None:
-                    alike[kinds[i]] = shared
-            members, due, waiting = shared
-            rows.append((seq, *_message_row(rec, members, seqs.get(rec.msg_id, ""), due)))
-            for name, attempt in waiting:
-                ready.append((rec.queue, name, rec.priority, seq, attempt, None))
+            rows.append((seq, *_message_row(rec, _members_json(rec), seqs.get(rec.msg_id, ""))))
+            for m in rec.members.values():
+                if m.state is _AVAILABLE:
+                    ready.append((rec.queue, m.subscriber, rec.priority, seq, m.attempt, None))
             kept = writes.retain[i] if writes.retain else None
             if kept is not None:
                 payloads.append((rec.msg_id, bytes(kept.body), encode(dict(kept.headers))))
@@ -306,8 +289,7 @@ class SqliteCommits:
         members = _members_json(rec)
         if change.created:
             cur = conn.execute(
-                _INSERT_ABSENT if each else _INSERT_MSG,
-                _message_row(rec, members, seqs, rec.due_at()),
+                _INSERT_ABSENT if each else _INSERT_MSG, _message_row(rec, members, seqs)
             )
             if cur.rowcount != 1:
                 return False  # each: the msg_id is taken (else IntegrityError was raised)
@@ -412,11 +394,8 @@ def write_batch_journal(
     return {msg_id: ",".join(v) for msg_id, v in where.items()}
 
 
-def _message_row(
-    rec: MessageRecord, members: str, journal: str, due: int | None
-) -> tuple[Any, ...]:
-    """A new record's ``iq_messages`` values after ``seq``, in the table's column order
-    (``due``: its :meth:`~iqbridge.model.MessageRecord.due_at`)."""
+def _message_row(rec: MessageRecord, members: str, journal: str) -> tuple[Any, ...]:
+    """A new record's ``iq_messages`` values after ``seq``, in the table's column order."""
     return (
         rec.msg_id,
         rec.queue,
@@ -434,7 +413,7 @@ def _message_row(
         rec.max_attempts,
         *_moving(rec, members),
         journal,
-        due,
+        rec.due_at(),
     )
 
 
