@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from iqbridge import engine, engine_batch
-from iqbridge.adapter import AcksInTransaction, Colocated
+from iqbridge.adapter import AcksInTransaction
 from iqbridge.durations import seconds, to_seconds
 from iqbridge.engine import Change
 from iqbridge.errors import BatchLeaseLost, IllegalTransition, InvalidArgument, IQError
@@ -56,22 +56,12 @@ class Settling(Part):
         #: on the broker's server with its acknowledgements (the index co-located with a
         #: native-group broker), else in the index store.
         self._colocated = self.hub.colocated if self._native else None
-        #: Where a batch's done and in-process moves are settled by a plan from the
-        #: transition table, without a record per message, chosen once: on the broker's
-        #: server with its acknowledgements (the co-located index above), or in an index
-        #: store that can (SettlesHeld), the broker's acknowledgements of what is DONE
-        #: sent after it (a native-group broker); else None, and the batch engine
-        #: decides them on the holds' records.
-        self._settle_held: _SettleHeld | None = None
-        store = self._store
-        if self._colocated is not None:
-            self._settle_held = functools.partial(_acking, self._colocated, store)
-        elif isinstance(store, SettlesHeld):
-            self._settle_held = (
-                functools.partial(self._settle_then_ack, store)
-                if self._native
-                else functools.partial(_pairs, store)
-            )
+        #: Whether a batch's done and in-process moves are settled in place, by a plan
+        #: from the transition table and no record per message (:meth:`_in_place`),
+        #: chosen once: on the broker's server with its acknowledgements (the co-located
+        #: index above), or in an index store that can (SettlesHeld); else the batch
+        #: engine decides them on the holds' records.
+        self._in_place_ok = self._colocated is not None or isinstance(self._store, SettlesHeld)
         self._settle_plans: dict[tuple[str, str], engine_batch.SettlePlan] = {}
 
     def _op(
@@ -205,7 +195,7 @@ class Settling(Part):
         batched: list[tuple[Hold, Move]] = []
         single: list[tuple[Hold, Move]] = []
         retry: list[tuple[Hold, Move]] = []
-        if self._settle_held is not None and transaction is None:
+        if self._in_place_ok and transaction is None:
             held = self._settle_where_held(held, result, retry)
         self._read_unknown(held)
         self._plan_settles(held, writes, batched, single, retry)
@@ -275,8 +265,6 @@ class Settling(Part):
         common path goes to ``retry`` (moved on a fresh read by the per-message engine,
         which raises the right error). Returns the other moves, for the index's usual
         path."""
-        settle_held = self._settle_held
-        assert settle_held is not None
         rest: list[tuple[Hold, Move]] = []
         groups: dict[tuple[str, str], list[tuple[Hold, Move, tuple[str, str, str, str]]]] = {}
         for d, move in held:
@@ -287,7 +275,8 @@ class Settling(Part):
                 groups.setdefault((d.subscriber, move.kind), []).append((d, move, item))
         for (subscriber, kind), group in groups.items():
             plan = self._plan(subscriber, kind)
-            flags = settle_held(self.name, plan, self._now(), [item for _, _, item in group])
+            items = [item for _, _, item in group]
+            flags = self._in_place(plan, self._now(), items)
             for (d, move, _), ok in zip(group, flags, strict=True):
                 if not ok:
                     retry.append((d, move))
@@ -296,28 +285,30 @@ class Settling(Part):
                 d.moved(last or dst, held=kind == "process")
                 if kind == "done":
                     result.done.append(d.msg_id)
+            if kind == "done" and self._native and self._colocated is None:
+                # The index holds each outcome: now the broker hears of it, one
+                # acknowledgement per group, as after a commit (_tell_broker).
+                acks: dict[str, list[str]] = {}
+                for (_, _, group_name, ref), ok in zip(items, flags, strict=True):
+                    if ok and ref:
+                        acks.setdefault(group_name, []).append(ref)
+                for group_name, refs in acks.items():
+                    self._broker_call(
+                        functools.partial(self._adapter.ack, self.name, group_name, refs)
+                    )
         return rest
 
-    def _settle_then_ack(
-        self,
-        store: SettlesHeld,
-        queue: str,
-        plan: engine_batch.SettlePlan,
-        at: int,
-        held: Sequence[tuple[str, str, str, str]],
+    def _in_place(
+        self, plan: engine_batch.SettlePlan, at: int, held: Sequence[tuple[str, str, str, str]]
     ) -> list[bool]:
-        """Settle ``held`` in the index store, then acknowledge to the broker (one call
-        per consumer group) the entries of those a done moved: the index holds each
-        outcome first, as a commit then :meth:`_tell_broker` does."""
-        flags = _pairs(store, queue, plan, at, held)
-        if plan.kind == "done":
-            acks: dict[str, list[str]] = {}
-            for (_, _, group, ref), ok in zip(held, flags, strict=True):
-                if ok and ref:
-                    acks.setdefault(group, []).append(ref)
-            for group, refs in acks.items():
-                self._broker_call(functools.partial(self._adapter.ack, queue, group, refs))
-        return flags
+        """Settle ``held`` (msg_id, token, consumer group, entry id) by ``plan`` where the
+        index keeps them: on the broker's server with their acknowledgements (the
+        co-located index), else in the index store. One flag per message."""
+        if self._colocated is not None:
+            return self._colocated.settle_held(self.name, plan, at, held, self._store)
+        store = self._store
+        assert isinstance(store, SettlesHeld)
+        return store.settle_held(self.name, plan, at, [(m, token) for m, token, _, _ in held])
 
     def _read_unknown(self, held: Sequence[tuple[Hold, Move]]) -> None:
         """The records of holds that know none (moved where the index lives before, say
@@ -409,12 +400,12 @@ class Settling(Part):
         if kind == "renew":
             change = self._move(hold.msg_id, hold.subscriber, hold.token, move, hold.record)
         elif kind == "process":
-            if self._settled_where_held(hold, kind):
+            if self._settled_where_held(hold, move):
                 return
             change = self._move(hold.msg_id, hold.subscriber, hold.token, move, hold.record)
         else:
             with tracing.settle(kind, self, hold.msg_id, hold.subscriber, hold.known):
-                if transaction is None and kind == "done" and self._settled_where_held(hold, kind):
+                if transaction is None and kind == "done" and self._settled_where_held(hold, move):
                     return
                 if transaction is None or kind != "done":
                     change = self._move(hold.msg_id, hold.subscriber, hold.token, move, hold.record)
@@ -422,23 +413,15 @@ class Settling(Part):
                     change = self._done_in(hold, transaction)
         hold.settled(change.record)
 
-    def _settled_where_held(self, hold: Hold, kind: str) -> bool:
-        """A done or in process of one hold settled where the index lives (a batch of
-        one, as :meth:`_settle_where_held` settles a batch), when the queue settles so:
-        True if it moved; False if it did not (nothing changed: off the common path, for
-        the per-message engine, which raises the right error)."""
-        settle_held = self._settle_held
-        if settle_held is None:
+    def _settled_where_held(self, hold: Hold, move: Move) -> bool:
+        """A done or in process of one hold settled in place, as a batch of one
+        (:meth:`_settle_where_held`), when the queue settles so: True if it moved; False
+        if it did not (nothing changed: off the common path, for the per-message
+        engine, which raises the right error)."""
+        if not self._in_place_ok:
             return False
-        item = self._held_item(hold)
-        if item is None:
-            return False
-        plan = self._plan(hold.subscriber, kind)
-        if not settle_held(self.name, plan, self._now(), [item])[0]:
-            return False
-        dst, last, _ = plan.moves.get(hold.state) or next(iter(plan.moves.values()))
-        hold.moved(last or dst, held=kind == "process")
-        return True
+        retry: list[tuple[Hold, Move]] = []
+        return not self._settle_where_held([(hold, move)], Settled(), retry) and not retry
 
     def _plan(self, subscriber: str, kind: str) -> engine_batch.SettlePlan:
         """The settle plan of ``subscriber``'s ``kind`` moves, looked up once."""
@@ -538,34 +521,3 @@ class Settling(Part):
             return engine.withdraw(rec, self._now(), "put undone")
 
         self._apply(confirm_id, undo_put)
-
-
-#: Settles held messages where they live: (queue, plan, at, (msg_id, token, consumer
-#: group, entry id) per message) -> one flag per message.
-_SettleHeld = Callable[
-    [str, engine_batch.SettlePlan, int, Sequence[tuple[str, str, str, str]]], list[bool]
-]
-
-
-def _acking(
-    colocated: Colocated,
-    store: object,
-    queue: str,
-    plan: engine_batch.SettlePlan,
-    at: int,
-    held: Sequence[tuple[str, str, str, str]],
-) -> list[bool]:
-    """The co-located adapter's settle of ``held``, acknowledging their entries."""
-    return colocated.settle_held(queue, plan, at, held, store)
-
-
-def _pairs(
-    store: SettlesHeld,
-    queue: str,
-    plan: engine_batch.SettlePlan,
-    at: int,
-    held: Sequence[tuple[str, str, str, str]],
-) -> list[bool]:
-    """The index store's settle (which acknowledges nothing) of ``held``'s (msg_id,
-    lease token) pairs."""
-    return store.settle_held(queue, plan, at, [(msg_id, token) for msg_id, token, _, _ in held])

@@ -26,7 +26,7 @@ from iqbridge.model import (
     from_micros,
     to_micros,
 )
-from iqbridge.states import ActorKind, Mode, PublisherState, SubscriberState
+from iqbridge.states import IN_DOUBT, ActorKind, Mode, PublisherState, SubscriberState
 
 __all__ = [
     "JOURNAL_PER_ROW",
@@ -109,6 +109,24 @@ def _members(rows: list[list[Any]]) -> dict[str, Member]:
         )
         out[r[0]] = m
     return out
+
+
+#: Where each value of a member row (:func:`members_to_json`) stands, for code that moves
+#: members on their rows without making Member objects (the SQLite store's claim and
+#: settle in place).
+ROW_NAME, ROW_POOL, ROW_STATE, ROW_OUTCOME, ROW_ATTEMPT = 0, 1, 2, 3, 4
+ROW_TOKEN, ROW_OWNER, ROW_UNTIL, ROW_NOT_BEFORE, ROW_UPDATED = 5, 6, 7, 8, 10
+_IN_DOUBT = frozenset(s.value for s in IN_DOUBT)
+
+
+def leases_due(rows: Sequence[Sequence[Any]]) -> int | None:
+    """The earliest lease end of the member rows in doubt (GET, FETCHED, IN_PROCESS):
+    :meth:`MessageRecord.due_at <iqbridge.model.MessageRecord.due_at>` of a message with
+    neither a time limit nor a browse lock."""
+    return min(
+        (m[ROW_UNTIL] for m in rows if m[ROW_STATE] in _IN_DOUBT and m[ROW_UNTIL] is not None),
+        default=None,
+    )
 
 
 def member_row_json(m: Member) -> str:

@@ -25,8 +25,19 @@ from typing import Any, NamedTuple
 import orjson
 
 from iqbridge.engine_batch import ClaimPlan
-from iqbridge.states import IN_DOUBT
-from iqbridge.stores.sqlite_commit import write_batch_journal
+from iqbridge.stores.codec import (
+    ROW_ATTEMPT,
+    ROW_NAME,
+    ROW_NOT_BEFORE,
+    ROW_OWNER,
+    ROW_POOL,
+    ROW_STATE,
+    ROW_TOKEN,
+    ROW_UNTIL,
+    ROW_UPDATED,
+    leases_due,
+)
+from iqbridge.stores.sqlite_commit import DELETE_READY, write_batch_journal
 
 __all__ = ["Claimed", "claim_rows"]
 
@@ -42,20 +53,6 @@ _SELECT = (
 _UPDATE = (
     "UPDATE iq_messages SET updated_at=?, version=?, members=?, journal=journal || ?,"
     " next_due=? WHERE seq=? AND version=?"
-)
-_DELETE_READY = "DELETE FROM iq_ready WHERE queue=? AND subscriber=? AND priority=? AND seq=?"
-_DOUBT = frozenset(s.value for s in IN_DOUBT)
-# A member row's fields (codec.members_to_json).
-_NAME, _POOL, _STATE, _ATTEMPT, _TOKEN, _OWNER, _UNTIL, _NOT_BEFORE, _UPDATED = (
-    0,
-    1,
-    2,
-    4,
-    5,
-    6,
-    7,
-    8,
-    10,
 )
 
 
@@ -92,37 +89,32 @@ def claim_rows(
     groups: dict[int, list[list[Any]]] = {}
     for priority, seq, msg_id, version, members, ps, most, ref, updated, expires, lock in rows:
         ms: list[list[Any]] = orjson.loads(members)
-        mine = next((m for m in ms if m[_NAME] == sub), None)
+        mine = next((m for m in ms if m[ROW_NAME] == sub), None)
         if (
             mine is None
-            or mine[_POOL] is not None
-            or mine[_STATE] != src
+            or mine[ROW_POOL] is not None
+            or mine[ROW_STATE] != src
             or ps != revealed
             or expires is not None
             or lock is not None
             or ref is None
-            or (mine[_NOT_BEFORE] is not None and at < mine[_NOT_BEFORE])
+            or (mine[ROW_NOT_BEFORE] is not None and at < mine[ROW_NOT_BEFORE])
         ):
             off.append(msg_id)
             continue
         token = tokens[len(claimed)]
         stamp = at if at >= updated else updated
-        mine[_STATE] = dst
-        mine[_TOKEN] = token
-        mine[_OWNER] = plan.owner
-        mine[_UNTIL] = plan.lease_until
-        mine[_NOT_BEFORE] = None
-        mine[_UPDATED] = stamp
-        # When time next makes something due (MessageRecord.due_at, for a message with
-        # neither a time limit nor a browse lock): the earliest lease held.
-        due = min(
-            (m[_UNTIL] for m in ms if m[_STATE] in _DOUBT and m[_UNTIL] is not None),
-            default=None,
-        )
-        groups.setdefault(stamp, []).append([msg_id, mine[_ATTEMPT]])
+        mine[ROW_STATE] = dst
+        mine[ROW_TOKEN] = token
+        mine[ROW_OWNER] = plan.owner
+        mine[ROW_UNTIL] = plan.lease_until
+        mine[ROW_NOT_BEFORE] = None
+        mine[ROW_UPDATED] = stamp
+        due = leases_due(ms)
+        groups.setdefault(stamp, []).append([msg_id, mine[ROW_ATTEMPT]])
         updates.append([stamp, version + 1, orjson.dumps(ms).decode(), msg_id, due, seq, version])
         ready.append((queue, sub, priority, seq))
-        claimed.append(Claimed(msg_id, ref, mine[_ATTEMPT], most, token))
+        claimed.append(Claimed(msg_id, ref, mine[ROW_ATTEMPT], most, token))
     if updates:
         where = write_batch_journal(
             conn, queue, ((stamp, plan.steps, items) for stamp, items in groups.items())
@@ -130,5 +122,5 @@ def claim_rows(
         for u in updates:
             u[3] = "," + where[u[3]]
         conn.executemany(_UPDATE, updates)
-        conn.executemany(_DELETE_READY, ready)
+        conn.executemany(DELETE_READY, ready)
     return claimed, off

@@ -22,7 +22,7 @@ from iqbridge.stores.codec import members_to_json as _members_json
 from iqbridge.stores.sqlite_database import SqliteDatabase, _translate
 from iqbridge.writes import Writes
 
-__all__ = ["SqliteCommits", "write_batch_journal"]
+__all__ = ["DELETE_READY", "SqliteCommits", "write_batch_journal"]
 
 _INSERT_MSG = (
     "INSERT INTO iq_messages (msg_id, queue, publisher, ordering_key, correlation_id, priority,"
@@ -48,7 +48,7 @@ _INSERT_READY = (
     "INSERT OR REPLACE INTO iq_ready (queue, subscriber, priority, seq, attempt, not_before)"
     " VALUES (?,?,?,?,?,?)"
 )
-_DELETE_READY = "DELETE FROM iq_ready WHERE queue=? AND subscriber=? AND priority=? AND seq=?"
+DELETE_READY = "DELETE FROM iq_ready WHERE queue=? AND subscriber=? AND priority=? AND seq=?"
 _INSERT_JOURNAL = "INSERT INTO iq_journal (seq, msg_id, queue, entries) VALUES (?,?,?,?)"
 # Journal entries of one change share a row; entry seq = row seq * _PER_ROW + position.
 # A batch's templated entries share a row too (msg_id ''; see codec.batch_entries_to_json).
@@ -213,7 +213,7 @@ class SqliteCommits:
         if rows:
             conn.executemany(_UPDATE_MSG, rows)
         if drop:
-            conn.executemany(_DELETE_READY, drop)
+            conn.executemany(DELETE_READY, drop)
         if add:
             conn.executemany(_INSERT_READY, add)
 
@@ -259,7 +259,7 @@ class SqliteCommits:
                             (change.msg_id, bytes(kept.body), encode(dict(kept.headers)))
                         )
                 if ready_del:
-                    conn.executemany(_DELETE_READY, ready_del)
+                    conn.executemany(DELETE_READY, ready_del)
                 if ready_add:
                     conn.executemany(_INSERT_READY, ready_add)
                 if len(journal) == 1:

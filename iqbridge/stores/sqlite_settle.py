@@ -27,7 +27,17 @@ from typing import Any
 import orjson
 
 from iqbridge.engine_batch import SettlePlan
-from iqbridge.states import IN_DOUBT, SubscriberState
+from iqbridge.states import SubscriberState
+from iqbridge.stores.codec import (
+    ROW_ATTEMPT,
+    ROW_NAME,
+    ROW_OUTCOME,
+    ROW_STATE,
+    ROW_TOKEN,
+    ROW_UNTIL,
+    ROW_UPDATED,
+    leases_due,
+)
 from iqbridge.stores.sqlite_commit import write_batch_journal
 
 __all__ = ["settle_rows"]
@@ -43,9 +53,6 @@ _UPDATE = (
 _CHUNK = 500
 _DONE = SubscriberState.DONE.value
 _JOURNALLED = SubscriberState.JOURNALLED.value
-_DOUBT = frozenset(s.value for s in IN_DOUBT)
-# A member row's fields (codec.members_to_json).
-_NAME, _STATE, _OUTCOME, _TOKEN, _UNTIL, _UPDATED = 0, 2, 3, 5, 7, 10
 
 
 def settle_rows(
@@ -85,30 +92,25 @@ def settle_rows(
             flags.append(False)
             continue
         ms: list[list[Any]] = orjson.loads(members)
-        mine = next((m for m in ms if m[_NAME] == sub), None)
-        move = moves.get(mine[_STATE]) if mine is not None else None
-        if mine is None or move is None or mine[_TOKEN] != token:
+        mine = next((m for m in ms if m[ROW_NAME] == sub), None)
+        move = moves.get(mine[ROW_STATE]) if mine is not None else None
+        if mine is None or move is None or mine[ROW_TOKEN] != token:
             flags.append(False)
             continue
         dst, last, steps = move
         stamp = at if at >= updated else updated
-        src = mine[_STATE]
-        mine[_STATE] = dst
+        src = mine[ROW_STATE]
+        mine[ROW_STATE] = dst
         if dst == _DONE:
-            mine[_UNTIL] = None
+            mine[ROW_UNTIL] = None
             if last is not None:
-                mine[_STATE] = last
-                mine[_OUTCOME] = dst
-        mine[_UPDATED] = stamp
+                mine[ROW_STATE] = last
+                mine[ROW_OUTCOME] = dst
+        mine[ROW_UPDATED] = stamp
         pub = pubs.get(ps) if last == _JOURNALLED else None
-        if pub is not None and any(m[_STATE] != _JOURNALLED for m in ms):
+        if pub is not None and any(m[ROW_STATE] != _JOURNALLED for m in ms):
             pub = None
-        # When time next makes something due (MessageRecord.due_at, for a message with
-        # neither a time limit nor a browse lock): the earliest lease still held.
-        due = min(
-            (m[_UNTIL] for m in ms if m[_STATE] in _DOUBT and m[_UNTIL] is not None),
-            default=None,
-        )
+        due = leases_due(ms)
         key = (stamp, src, ps if pub is not None else None, publisher if pub else None)
         group = groups.get(key)
         if group is None:
@@ -116,7 +118,7 @@ def settle_rows(
             if pub is not None:
                 journal.append([publisher, *pub[1]])
             group = groups[key] = (journal, [])
-        group[1].append([msg_id, mine[4]])
+        group[1].append([msg_id, mine[ROW_ATTEMPT]])
         updates.append(
             [
                 pub[0] if pub is not None else ps,
