@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from typing import overload
 
 from iqbridge import engine, engine_batch
 from iqbridge.adapter import LocksNatively
@@ -16,7 +15,7 @@ from iqbridge.engine import Change
 from iqbridge.errors import IllegalTransition, InvalidArgument, LockedError
 from iqbridge.holding import Hold
 from iqbridge.housekeeping import Housekeeping
-from iqbridge.ids import new_token
+from iqbridge.ids import LeaseTokens, new_token
 from iqbridge.model import MessageRecord, check_name
 from iqbridge.observability import tracing
 from iqbridge.queue_core import CAS_ATTEMPTS, CLAIM_BATCH, Part, QueueCore
@@ -34,35 +33,6 @@ log = get_logger("iqbridge")
 
 class _PayloadAway(Exception):
     """A claimed message's payload is not on the broker: undo the claim's transaction."""
-
-
-class _Tokens(Sequence[str]):
-    """``n`` lease tokens for one claim, each made when asked for (a get of up to 500
-    that finds 3 makes 3): a random prefix of this claim's, then the position."""
-
-    __slots__ = ("_base", "_n")
-
-    def __init__(self, n: int) -> None:
-        self._n = n
-        self._base = new_token()[:24]
-
-    def __len__(self) -> int:
-        return self._n
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(self._n))]
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError(i)
-        return f"{self._base}{i:08x}"
 
 
 class Getting(Part):
@@ -259,7 +229,7 @@ class Getting(Part):
         the deliveries, and the ready messages off the common path. None, with nothing
         claimed, when a payload is not on the broker (the per-record path then decides
         what becomes of it)."""
-        tokens = _Tokens(want)
+        tokens = LeaseTokens(want)
         try:
             with self._store.atomic():
                 # Stamped once the write lock is held, as the per-record path does.

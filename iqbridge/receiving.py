@@ -13,14 +13,14 @@ from iqbridge.adapter import ClaimOnReceive
 from iqbridge.delivery import Delivery
 from iqbridge.errors import ConcurrentUpdate, IllegalTransition, LockedError
 from iqbridge.holding import Hold
-from iqbridge.ids import adopted_id, new_token
+from iqbridge.ids import LeaseTokens, adopted_id, new_token
 from iqbridge.model import Audience, MessageRecord, Received, Retained
 from iqbridge.put_paths import SEND_FIRST_WINDOW
 from iqbridge.queue_core import CAS_ATTEMPTS, Part, QueueCore
 from iqbridge.redaction import get_logger
 from iqbridge.settling import Settling
 from iqbridge.states import IN_DOUBT, TERMINAL, SubscriberState
-from iqbridge.stores.base import StaleRecord
+from iqbridge.stores.base import ClaimsReceived, StaleRecord
 from iqbridge.writes import Writes
 
 __all__ = ["Receiving"]
@@ -58,6 +58,13 @@ class Receiving(Part):
             tuple[list[_Fetch], ClaimOnReceive | None],
         ]
         self._fetches = self._fused_fetch if self.hub.colocated is not None else self._group_fetches
+        #: How a read's entries are resolved against the index, chosen once: where a
+        #: store apart from the broker keeps the messages, by a plan from the transition
+        #: table and no record per message (ClaimsReceived); else through the records.
+        store = self._store
+        self._claims_received: ClaimsReceived | None = (
+            store if self.hub.colocated is None and isinstance(store, ClaimsReceived) else None
+        )
 
     def receive(
         self, subscriber: str, want: int, owner: str, lease_us: int | None, min_idle: float
@@ -78,6 +85,10 @@ class Receiving(Part):
                     break
                 if fused is not None and fused.tokens:
                     out += self._accept_fused(received, subscriber, owner, lease_us, fused)
+                elif self._claims_received is not None:
+                    out += self._accept_in_store(
+                        self._claims_received, received, subscriber, owner, lease_us
+                    )
                 else:
                     out += self._accept_many(received, subscriber, owner, lease_us)
                 if len(out) >= want or len(received) < need:
@@ -171,6 +182,57 @@ class Receiving(Part):
                 return out
             pending = [dataclasses.replace(r, record=None) for r in again]
         raise ConcurrentUpdate(pending[0].envelope.msg_id, CAS_ATTEMPTS)
+
+    def _accept_in_store(
+        self,
+        store: ClaimsReceived,
+        batch: Sequence[Received],
+        subscriber: str,
+        owner: str,
+        lease_us: int | None,
+    ) -> list[Delivery]:
+        """Resolve broker deliveries of ``subscriber``'s own group where the index store
+        keeps their messages: the common path claimed there in one transaction, no
+        record per message (each delivery's hold knows its group, entry and lease); the
+        rest (other groups' entries, strangers' messages, anything the store leaves
+        off the common path) by :meth:`_accept_many`. In the order of ``batch``."""
+        mine = [i for i, r in enumerate(batch) if r.group == subscriber]
+        if not mine:
+            return self._accept_many(batch, subscriber, owner, lease_us)
+        at = self._now()
+        until = at + lease_us if lease_us is not None else None
+        plan = engine_batch.claim_plan(subscriber, owner, until)
+        # A stranger's entry is adopted on the per-message path: named by no msg_id
+        # here, it is off the common path and holds back the later entries of its key.
+        entries = [
+            (
+                "" if batch[i].adopted else batch[i].envelope.msg_id,
+                batch[i].native_ref,
+                batch[i].envelope.ordering_key,
+            )
+            for i in mine
+        ]
+        claims = store.claim_received(self.name, plan, at, entries, LeaseTokens(len(mine)))
+        got: dict[int, Delivery] = {}
+        for i, claim in zip(mine, claims, strict=True):
+            if claim is None:
+                continue
+            r = batch[i]
+            msg_id, ref, attempt, most, token = claim
+            hold = Hold(msg_id, subscriber, token, group=r.group, ref=ref, lease_until=until)
+            got[i] = Delivery(
+                self._settling, r.envelope, subscriber, token, attempt, most, hold=hold
+            )
+        if len(got) == len(batch):
+            return [got[i] for i in range(len(batch))]
+        rest = [r for i, r in enumerate(batch) if i not in got]
+        by_id = {d.msg_id: d for d in self._accept_many(rest, subscriber, owner, lease_us)}
+        out: list[Delivery] = []
+        for i, r in enumerate(batch):
+            d = got.get(i) or by_id.pop(r.envelope.msg_id, None)
+            if d is not None:
+                out.append(d)
+        return out + list(by_id.values())
 
     def _accept_fused(
         self,

@@ -38,6 +38,7 @@ __all__ = [
     "BatchWrites",
     "ClaimedRow",
     "ClaimsReady",
+    "ClaimsReceived",
     "Counting",
     "IndexStore",
     "LateJournal",
@@ -264,6 +265,36 @@ class ClaimsReady(Protocol):
         attempts, token) and the msg_ids of ready messages read but off the common path
         (a pool, a time limit, a browse lock, a retry delay...), for the per-message
         engine."""
+        ...
+
+
+@runtime_checkable
+class ClaimsReceived(Protocol):
+    """A store that claims the messages of broker entries a subscriber's own consumer
+    group delivered where it keeps them, by a plan the client looked up in the
+    transition table once for the batch (:func:`iqbridge.engine_batch.claim_plan`),
+    without a record or change object per message: the facade's get path for brokers
+    with native consumer groups and an index apart from them (Kafka, RabbitMQ, ... on a
+    SQLite index)."""
+
+    def claim_received(
+        self,
+        queue: str,
+        plan: ClaimPlan,
+        at: int,
+        entries: Sequence[tuple[str, str, str]],
+        tokens: Sequence[str],
+    ) -> list[ClaimedRow | None]:
+        """Claim, in one transaction, the messages of ``entries`` (msg_id, broker
+        reference, ordering key; in the order the broker delivered them) for
+        ``plan.subscriber`` at ``at`` (µs), the n-th claim under ``tokens[n]``: the
+        member moved as ``plan`` says, the journal written per batch. Returns, per
+        entry, its claim (msg_id, native ref, attempt, max attempts, token), or None
+        when the entry is off the common path (no record, another queue's, a second
+        entry of one message, a broker reference the index does not know it by, a
+        pool, a time limit, a browse lock, a retry delay, another state...) or comes
+        after such an entry of its ordering key: those are for the per-message path,
+        in order."""
         ...
 
 

@@ -67,7 +67,7 @@ from iqbridge.stores.codec import (
 )
 from iqbridge.stores.codec import members_from_json as _members
 from iqbridge.stores.codec import summary as _summary
-from iqbridge.stores.sqlite_claim import Claimed, claim_rows
+from iqbridge.stores.sqlite_claim import Claimed, claim_entries, claim_rows
 from iqbridge.stores.sqlite_commit import SqliteCommits
 from iqbridge.stores.sqlite_database import (
     SqliteDatabase,
@@ -122,6 +122,25 @@ class SqliteStore(SqliteCommits, AvailableQueries):
         try:
             with self.db.transaction(savepoint=True) as conn:
                 return claim_rows(conn, queue, plan, at, tokens)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.db.path) from exc
+
+    def claim_received(
+        self,
+        queue: str,
+        plan: ClaimPlan,
+        at: int,
+        entries: Sequence[tuple[str, str, str]],
+        tokens: Sequence[str],
+    ) -> list[Claimed | None]:
+        """Claim the messages of a consumer group's broker entries where they are kept,
+        one transaction for the batch (:func:`~iqbridge.stores.sqlite_claim.claim_entries`;
+        see :class:`~iqbridge.stores.base.ClaimsReceived`)."""
+        if not entries:
+            return []
+        try:
+            with self.db.transaction(savepoint=True) as conn:
+                return claim_entries(conn, queue, plan, at, entries, tokens)
         except sqlite3.Error as exc:
             raise _translate(exc, self.db.path) from exc
 

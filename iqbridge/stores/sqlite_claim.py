@@ -39,7 +39,7 @@ from iqbridge.stores.codec import (
 )
 from iqbridge.stores.sqlite_commit import DELETE_READY, write_batch_journal
 
-__all__ = ["Claimed", "claim_rows"]
+__all__ = ["Claimed", "claim_entries", "claim_rows"]
 
 _SELECT = (
     "SELECT r.priority, r.seq, m.msg_id, m.version, m.members, m.publisher_state,"
@@ -50,6 +50,12 @@ _SELECT = (
     " AND (m.lock_id IS NULL OR m.lock_until <= ?)"
     " ORDER BY r.priority DESC, r.seq LIMIT ?"
 )
+_SELECT_IDS = (
+    "SELECT priority, seq, msg_id, version, members, publisher_state, max_attempts,"
+    " native_ref, updated_at, expires_at, lock_id, queue FROM iq_messages WHERE msg_id IN ({})"
+)
+#: Ids per IN (...) list.
+_CHUNK = 500
 _UPDATE = (
     "UPDATE iq_messages SET updated_at=?, version=?, members=?, journal=journal || ?,"
     " next_due=? WHERE seq=? AND version=?"
@@ -78,49 +84,133 @@ def claim_rows(
     ``plan.subscriber``'s ready messages of ``queue`` at ``at`` (µs), in claim order,
     the n-th claim under ``tokens[n]``. Returns the claims and the msg_ids of the ready
     messages read but off the common path (for the per-message engine)."""
-    sub = plan.subscriber
-    src, dst, revealed = plan.src.value, plan.dst.value, plan.revealed.value
-    rows = conn.execute(_SELECT, (queue, sub, at, at, at, len(tokens))).fetchall()
+    rows = conn.execute(_SELECT, (queue, plan.subscriber, at, at, at, len(tokens))).fetchall()
+    batch = _Batch(queue, plan, at)
     claimed: list[Claimed] = []
     off: list[str] = []
-    updates: list[list[Any]] = []
-    ready: list[tuple[Any, ...]] = []
-    # instant -> [msg_id, attempt] of every claim made then
-    groups: dict[int, list[list[Any]]] = {}
-    for priority, seq, msg_id, version, members, ps, most, ref, updated, expires, lock in rows:
+    for row in rows:
+        got = batch.claim(row, row[_NATIVE_REF], tokens[len(claimed)])
+        if got is None:
+            off.append(row[_MSG_ID])
+        else:
+            claimed.append(got)
+    batch.write(conn)
+    return claimed, off
+
+
+def claim_entries(
+    conn: sqlite3.Connection,
+    queue: str,
+    plan: ClaimPlan,
+    at: int,
+    entries: Sequence[tuple[str, str, str]],
+    tokens: Sequence[str],
+) -> list[Claimed | None]:
+    """Claim, inside the caller's write transaction ``conn``, the messages of broker
+    entries ``plan.subscriber``'s own consumer group delivered: ``entries`` are
+    (msg_id, broker reference, ordering key), in the order the broker delivered them;
+    the n-th claim is made under ``tokens[n]``. Returns, per entry, its claim, or None
+    for an entry off the common path (no record, another queue's, a second entry of
+    one message, another broker reference than the index's, and everything
+    :func:`claim_rows` leaves to the per-message engine), and for every later entry
+    of an ordering key one was None for (the per-message path decides those in
+    order)."""
+    ids = list(dict.fromkeys(msg_id for msg_id, _, _ in entries))
+    rows: dict[str, Sequence[Any]] = {}
+    for i in range(0, len(ids), _CHUNK):
+        part = ids[i : i + _CHUNK]
+        for row in conn.execute(_SELECT_IDS.format(",".join("?" * len(part))), part):
+            rows[row[_MSG_ID]] = row
+    batch = _Batch(queue, plan, at)
+    out: list[Claimed | None] = []
+    seen: set[str] = set()
+    held: set[str] = set()
+    n = 0
+    for msg_id, ref, key in entries:
+        row = rows.get(msg_id)
+        got = None
+        if (
+            row is not None
+            and msg_id not in seen
+            and not (key and key in held)
+            and row[_QUEUE] == queue
+            and row[_NATIVE_REF] == ref
+        ):
+            got = batch.claim(row, ref, tokens[n])
+        seen.add(msg_id)
+        if got is None:
+            if key:
+                held.add(key)
+        else:
+            n += 1
+        out.append(got)
+    batch.write(conn)
+    return out
+
+
+# Positions in the rows both selects read.
+_MSG_ID, _NATIVE_REF, _QUEUE = 2, 7, 11
+
+
+class _Batch:
+    """The claims of one batch, decided row by row, written at the end in one statement
+    per table and one journal row per instant."""
+
+    __slots__ = ("at", "groups", "plan", "queue", "ready", "updates")
+
+    def __init__(self, queue: str, plan: ClaimPlan, at: int) -> None:
+        self.queue = queue
+        self.plan = plan
+        self.at = at
+        self.updates: list[list[Any]] = []
+        self.ready: list[tuple[Any, ...]] = []
+        #: instant -> [msg_id, attempt] of every claim made then
+        self.groups: dict[int, list[list[Any]]] = {}
+
+    def claim(self, row: Sequence[Any], ref: str | None, token: str) -> Claimed | None:
+        """The claim of one message row under ``token``, or None when it is off the
+        common path (nothing is written for it)."""
+        plan = self.plan
+        sub = plan.subscriber
+        at = self.at
+        priority, seq, msg_id, version, members, ps, most, _, updated, expires, lock = row[:11]
         ms: list[list[Any]] = orjson.loads(members)
         mine = next((m for m in ms if m[ROW_NAME] == sub), None)
         if (
             mine is None
             or mine[ROW_POOL] is not None
-            or mine[ROW_STATE] != src
-            or ps != revealed
+            or mine[ROW_STATE] != plan.src.value
+            or ps != plan.revealed.value
             or expires is not None
             or lock is not None
             or ref is None
             or (mine[ROW_NOT_BEFORE] is not None and at < mine[ROW_NOT_BEFORE])
         ):
-            off.append(msg_id)
-            continue
-        token = tokens[len(claimed)]
+            return None
         stamp = at if at >= updated else updated
-        mine[ROW_STATE] = dst
+        mine[ROW_STATE] = plan.dst.value
         mine[ROW_TOKEN] = token
         mine[ROW_OWNER] = plan.owner
         mine[ROW_UNTIL] = plan.lease_until
         mine[ROW_NOT_BEFORE] = None
         mine[ROW_UPDATED] = stamp
         due = leases_due(ms)
-        groups.setdefault(stamp, []).append([msg_id, mine[ROW_ATTEMPT]])
-        updates.append([stamp, version + 1, orjson.dumps(ms).decode(), msg_id, due, seq, version])
-        ready.append((queue, sub, priority, seq))
-        claimed.append(Claimed(msg_id, ref, mine[ROW_ATTEMPT], most, token))
-    if updates:
-        where = write_batch_journal(
-            conn, queue, ((stamp, plan.steps, items) for stamp, items in groups.items())
+        self.groups.setdefault(stamp, []).append([msg_id, mine[ROW_ATTEMPT]])
+        self.updates.append(
+            [stamp, version + 1, orjson.dumps(ms).decode(), msg_id, due, seq, version]
         )
-        for u in updates:
+        self.ready.append((self.queue, sub, priority, seq))
+        return Claimed(msg_id, ref, mine[ROW_ATTEMPT], most, token)
+
+    def write(self, conn: sqlite3.Connection) -> None:
+        """Write the batch's claims: message rows, ready rows, journal."""
+        if not self.updates:
+            return
+        steps = self.plan.steps
+        where = write_batch_journal(
+            conn, self.queue, ((stamp, steps, items) for stamp, items in self.groups.items())
+        )
+        for u in self.updates:
             u[3] = "," + where[u[3]]
-        conn.executemany(_UPDATE, updates)
-        conn.executemany(DELETE_READY, ready)
-    return claimed, off
+        conn.executemany(_UPDATE, self.updates)
+        conn.executemany(DELETE_READY, self.ready)

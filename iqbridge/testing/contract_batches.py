@@ -34,7 +34,7 @@ S = SubscriberState
 #: Index writes: every method of a store that commits.
 _COMMITS = ("commit", "commit_many", "commit_each", "commit_writes")
 #: Index commits a store makes where it keeps the messages (a plan, no records).
-_IN_PLACE = ("claim_ready", "settle_held", "settle_held_acking")
+_IN_PLACE = ("claim_ready", "claim_received", "settle_held", "settle_held_acking")
 #: Broker reads: every adapter method that hands over or reads payloads.
 _READS = ("receive", "receive_indexed", "read", "read_many")
 

@@ -25,7 +25,11 @@ from iqbridge.testing.store_contract_batches import BatchCommitTests
 from iqbridge.testing.store_contract_commits import CommitTests
 from iqbridge.testing.store_contract_queries import QueryTests
 from iqbridge.testing.store_contract_retained import RetainedCopyTests
-from iqbridge.testing.store_contract_settle import ClaimReadyTests, SettleHeldTests
+from iqbridge.testing.store_contract_settle import (
+    ClaimReadyTests,
+    ClaimReceivedTests,
+    SettleHeldTests,
+)
 from iqbridge.testing.store_contract_writes import BatchWriteTests
 
 __all__ = [
@@ -45,6 +49,7 @@ class IndexStoreContract(
     RetainedCopyTests,
     BatchWriteTests,
     ClaimReadyTests,
+    ClaimReceivedTests,
     SettleHeldTests,
 ):
     """Store-level behaviour every index store shares; see the module docstring.
@@ -57,7 +62,7 @@ class IndexStoreContract(
     ``set_native_refs``), :mod:`~iqbridge.testing.store_contract_retained` (retained
     payload copies) and :mod:`~iqbridge.testing.store_contract_writes` (a batch's writes
     with its journal as templates, ``commit_writes``) and
-    :mod:`~iqbridge.testing.store_contract_settle` (``claim_ready`` and
-    ``settle_held``, where a store offers them); hooks, fixtures and helpers are in
-    :mod:`~iqbridge.testing.store_contract_base`.
+    :mod:`~iqbridge.testing.store_contract_settle` (``claim_ready``,
+    ``claim_received`` and ``settle_held``, where a store offers them); hooks,
+    fixtures and helpers are in :mod:`~iqbridge.testing.store_contract_base`.
     """

@@ -1,9 +1,11 @@
 """The index store contract: batches moved where the store keeps the messages, by a plan
 from the transition table, without records: a claim of ready messages
-(:meth:`~iqbridge.stores.base.ClaimsReady.claim_ready`) and a done or in process of held
-ones (:meth:`~iqbridge.stores.base.SettlesHeld.settle_held`). A store that does not offer
-one (the memory and SQL stores: the facade decides their batches with the batch engine)
-skips its tests. See :mod:`iqbridge.testing.store_contract`."""
+(:meth:`~iqbridge.stores.base.ClaimsReady.claim_ready`), a claim of the messages of
+broker entries a consumer group delivered
+(:meth:`~iqbridge.stores.base.ClaimsReceived.claim_received`) and a done or in process of
+held ones (:meth:`~iqbridge.stores.base.SettlesHeld.settle_held`). A store that does not
+offer one (the memory and SQL stores: the facade decides their batches with the batch
+engine) skips its tests. See :mod:`iqbridge.testing.store_contract`."""
 
 from __future__ import annotations
 
@@ -16,11 +18,11 @@ from iqbridge import engine, engine_batch
 from iqbridge.ids import new_id, new_token
 from iqbridge.model import Audience, JournalEntry, MessageRecord, Pool
 from iqbridge.states import PublisherState, SubscriberState
-from iqbridge.stores.base import ClaimsReady, IndexStore, SettlesHeld
+from iqbridge.stores.base import ClaimsReady, ClaimsReceived, IndexStore, SettlesHeld
 from iqbridge.testing.store_contract_base import SEC, T0, StoreContractBase, unique
 from iqbridge.writes import Writes
 
-__all__ = ["ClaimReadyTests", "SettleHeldTests"]
+__all__ = ["ClaimReadyTests", "ClaimReceivedTests", "SettleHeldTests"]
 
 S = SubscriberState
 LEASE = 30 * SEC
@@ -35,6 +37,12 @@ def _settler(store: IndexStore) -> SettlesHeld:
 def _claimer(store: IndexStore) -> ClaimsReady:
     if not isinstance(store, ClaimsReady):
         pytest.skip("the store claims no ready messages itself (the batch engine does)")
+    return store
+
+
+def _receiver(store: IndexStore) -> ClaimsReceived:
+    if not isinstance(store, ClaimsReceived):
+        pytest.skip("the store claims no broker entries itself (the batch engine does)")
     return store
 
 
@@ -185,9 +193,8 @@ def _entries(history: Sequence[JournalEntry]) -> list[tuple[Any, ...]]:
     return [(e.actor, e.actor_kind, e.src, e.dst, e.at, e.attempt, e.detail) for e in history]
 
 
-class ClaimReadyTests(StoreContractBase):
-    """Ready messages claimed where they are kept move exactly as the batch engine
-    claims them, in claim order; what is off the common path is handed back."""
+class _Ready(StoreContractBase):
+    """New messages put as a batch and known by their broker references."""
 
     def _put(self, store: IndexStore, queue: str, count: int, **fields: Any) -> list[str]:
         items: list[engine_batch.NewItem] = [
@@ -201,6 +208,11 @@ class ClaimReadyTests(StoreContractBase):
         )
         store.set_native_refs([(r.msg_id, f"ref-{r.msg_id}") for r in records])
         return [r.msg_id for r in records]
+
+
+class ClaimReadyTests(_Ready):
+    """Ready messages claimed where they are kept move exactly as the batch engine
+    claims them, in claim order; what is off the common path is handed back."""
 
     @pytest.mark.parametrize("to", [("a",), ("a", "b")])
     def test_claim_ready_claims_as_the_batch_engine_does(
@@ -269,3 +281,108 @@ class ClaimReadyTests(StoreContractBase):
         for msg_id, rec in before.items():
             assert after[msg_id].version == rec.version
             assert _shape(after[msg_id]) == _shape(rec)
+
+
+class ClaimReceivedTests(_Ready):
+    """The messages of a consumer group's broker entries claimed where they are kept move
+    exactly as the batch engine claims them; an entry off the common path, and every
+    later entry of its ordering key, is handed back (None) with nothing changed."""
+
+    def test_claim_received_claims_as_the_batch_engine_does(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        receiver = _receiver(store)
+        mine = self._put(store, queue, 5, to=("a", "b"))
+        at, until = T0 + SEC, T0 + SEC + LEASE
+        plan = engine_batch.claim_plan("a", "a@contract", until)
+        tokens = [new_token() for _ in range(5)]
+        entries = [(m, f"ref-{m}", "") for m in reversed(mine)]  # in the broker's order
+        got = receiver.claim_received(queue, plan, at, entries, tokens)
+        assert got == [
+            (m, f"ref-{m}", 1, 5, t) for m, t in zip(reversed(mine), tokens, strict=True)
+        ]
+        ref = self._put(store, queue, 5, to=("a", "b"))
+        loaded = store.load_many(ref)
+        moved, steps, _ = engine_batch.claim(
+            [loaded[i] for i in reversed(ref)],
+            "a",
+            at,
+            tokens,
+            owner="a@contract",
+            lease_until=until,
+        )
+        assert store.commit_writes(Writes(queue, moved=moved, journal=steps)) == [True] * 5
+        got_recs, want = store.load_many(mine), store.load_many(ref)
+        for a, b in zip(mine, ref, strict=True):
+            assert _shape(got_recs[a]) == _shape(want[b])
+            assert got_recs[a].members["a"].lease_token == want[b].members["a"].lease_token
+            assert _entries(store.history(a)) == _entries(store.history(b))
+        assert store.claimable(queue, "a", at, 100) == []
+        assert store.claimable(queue, "b", at, 100) == mine + ref
+        assert set(store.due(queue, until, 100)) == set(mine) | set(ref)
+        # Entries delivered again: the member is FETCHED now, off the common path.
+        again = receiver.claim_received(queue, plan, at, entries[:2], tokens[:2])
+        assert again == [None, None]
+
+    def test_claim_received_hands_back_what_is_off_the_common_path(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        receiver = _receiver(store)
+        plain, twice, wrong_ref = self._put(store, queue, 3)
+        elsewhere = self._put(store, unique("other"), 1)[0]
+        pooled = self.put(store, queue, to=(), pools=[Pool("a", ["a1", "a2"])]).msg_id
+        limited = self.put(store, queue, expires_at=T0 + 3600 * SEC).msg_id
+        no_ref = self.put(store, queue).msg_id  # its broker reference not recorded yet
+        for msg_id in (pooled, limited):
+            store.set_native_refs([(msg_id, f"ref-{msg_id}")])
+        everyone = [plain, twice, wrong_ref, elsewhere, pooled, limited, no_ref]
+        before = store.load_many(everyone)
+        entries = [
+            (new_id(), "ref-unknown", ""),  # no record (purged, or not yet committed)
+            ("", "ref-stranger", ""),  # a stranger's entry (adopted apart)
+            (twice, f"ref-{twice}", ""),
+            (twice, "ref-again", ""),  # a second entry of one message
+            (wrong_ref, "ref-other", ""),  # not the entry the index knows it by
+            (elsewhere, f"ref-{elsewhere}", ""),  # another queue's message
+            (pooled, f"ref-{pooled}", ""),  # a pool's member: the engine picks who
+            (limited, f"ref-{limited}", ""),  # a time limit
+            (no_ref, "ref-late", ""),  # the index has no reference yet
+            (plain, f"ref-{plain}", ""),
+        ]
+        plan = engine_batch.claim_plan("a", "a@contract", T0 + SEC + LEASE)
+        tokens = [new_token() for _ in entries]
+        got = receiver.claim_received(queue, plan, T0 + SEC, entries, tokens)
+        assert [g[0] if g else None for g in got] == [
+            None, None, twice, None, None, None, None, None, None, plain,
+        ]  # fmt: skip
+        # The claims take the tokens in order, one each.
+        assert [g[4] for g in got if g] == tokens[:2]
+        after = store.load_many(everyone)
+        for msg_id in (wrong_ref, elsewhere, pooled, limited, no_ref):
+            assert after[msg_id].version == before[msg_id].version
+            assert _shape(after[msg_id]) == _shape(before[msg_id])
+        assert after[plain].members["a"].state is S.FETCHED
+        assert after[twice].members["a"].state is S.FETCHED
+        assert receiver.claim_received(queue, plan, T0 + SEC, [], []) == []
+
+    def test_claim_received_holds_back_an_ordering_key_after_an_entry_off_the_path(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        receiver = _receiver(store)
+        first, second, third, fourth = self._put(store, queue, 4)
+        held = self.put(store, queue, expires_at=T0 + 3600 * SEC).msg_id  # off the path
+        store.set_native_refs([(held, f"ref-{held}")])
+        entries = [
+            (first, f"ref-{first}", "k1"),
+            (held, f"ref-{held}", "k2"),
+            (second, f"ref-{second}", "k2"),  # after k2's entry off the path: held back
+            (third, f"ref-{third}", "k1"),
+            (fourth, f"ref-{fourth}", ""),  # no key: nothing holds it back
+        ]
+        plan = engine_batch.claim_plan("a", "a@contract", T0 + SEC + LEASE)
+        got = receiver.claim_received(
+            queue, plan, T0 + SEC, entries, [new_token() for _ in entries]
+        )
+        assert [g[0] if g else None for g in got] == [first, None, None, third, fourth]
+        assert store.load(second).members["a"].state is S.AVAILABLE
+        assert set(store.claimable(queue, "a", T0 + SEC, 100)) == {second, held}
