@@ -156,12 +156,13 @@ class _Batch:
     """The claims of one batch, decided row by row, written at the end in one statement
     per table and one journal row per instant."""
 
-    __slots__ = ("at", "groups", "plan", "queue", "ready", "updates")
+    __slots__ = ("at", "dst", "groups", "plan", "queue", "ready", "revealed", "src", "updates")
 
     def __init__(self, queue: str, plan: ClaimPlan, at: int) -> None:
         self.queue = queue
         self.plan = plan
         self.at = at
+        self.src, self.dst, self.revealed = plan.src.value, plan.dst.value, plan.revealed.value
         self.updates: list[list[Any]] = []
         self.ready: list[tuple[Any, ...]] = []
         #: instant -> [msg_id, attempt] of every claim made then
@@ -179,8 +180,8 @@ class _Batch:
         if (
             mine is None
             or mine[ROW_POOL] is not None
-            or mine[ROW_STATE] != plan.src.value
-            or ps != plan.revealed.value
+            or mine[ROW_STATE] != self.src
+            or ps != self.revealed
             or expires is not None
             or lock is not None
             or ref is None
@@ -188,7 +189,7 @@ class _Batch:
         ):
             return None
         stamp = at if at >= updated else updated
-        mine[ROW_STATE] = plan.dst.value
+        mine[ROW_STATE] = self.dst
         mine[ROW_TOKEN] = token
         mine[ROW_OWNER] = plan.owner
         mine[ROW_UNTIL] = plan.lease_until
