@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,6 +25,8 @@ from iqbridge.subscribing import AudienceSpec, Subscribing
 from iqbridge.writes import Writes
 
 _MSG_ID_MAX = 128
+#: What a caller's msg_id must not hold: whitespace (as ``str.isspace``), '/', NUL.
+_BAD_IN_ID = re.compile(r"[\s/\x00]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +327,7 @@ class Putting(Part):
             if (
                 not isinstance(i, str)
                 or not 0 < len(i) <= _MSG_ID_MAX
-                or any(c.isspace() or c in "/\x00" for c in i)
+                or _BAD_IN_ID.search(i) is not None
             ):
                 raise InvalidArgument(
                     f"msg_id {i!r} must be a string of 1 to {_MSG_ID_MAX} characters without "
