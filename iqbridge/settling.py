@@ -61,7 +61,9 @@ class Settling(Part):
         #: chosen once: on the broker's server with its acknowledgements (the co-located
         #: index above), or in an index store that can (SettlesHeld); else the batch
         #: engine decides them on the holds' records.
-        self._in_place_ok = self._colocated is not None or isinstance(self._store, SettlesHeld)
+        store = self._store
+        self._settler: SettlesHeld | None = store if isinstance(store, SettlesHeld) else None
+        self._in_place_ok = self._colocated is not None or self._settler is not None
         self._settle_plans: dict[tuple[str, str], engine_batch.SettlePlan] = {}
 
     def _op(
@@ -306,9 +308,9 @@ class Settling(Part):
         co-located index), else in the index store. One flag per message."""
         if self._colocated is not None:
             return self._colocated.settle_held(self.name, plan, at, held, self._store)
-        store = self._store
-        assert isinstance(store, SettlesHeld)
-        return store.settle_held(self.name, plan, at, [(m, token) for m, token, _, _ in held])
+        settler = self._settler
+        assert settler is not None  # chosen once, in __init__ (a protocol check costs µs)
+        return settler.settle_held(self.name, plan, at, [(m, token) for m, token, _, _ in held])
 
     def _read_unknown(self, held: Sequence[tuple[Hold, Move]]) -> None:
         """The records of holds that know none (moved where the index lives before, say

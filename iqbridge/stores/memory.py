@@ -2,6 +2,16 @@
 
 Records are copied in and out, so nobody can change stored state except through
 :meth:`MemoryStore.commit`. Named stores (``memory://name``) are shared within a process.
+
+Like the SQLite store it claims a consumer group's entries and settles a batch where it
+keeps the messages (:class:`~iqbridge.stores.base.ClaimsReceived`,
+:class:`~iqbridge.stores.base.SettlesHeld`), with the same common path and the same
+answers: the facade then takes the same get and done paths over the memory:// broker as
+over Kafka or RabbitMQ on a SQLite index, and the stateful tests check them. Its records
+are objects already, so the batch engine moves them (the one transition table). It
+claims no ready messages itself (:class:`~iqbridge.stores.base.ClaimsReady`): that
+claim is undone when a payload turns out gone, and :meth:`MemoryStore.atomic` is a lock,
+not a transaction to roll back.
 """
 
 from __future__ import annotations
@@ -11,7 +21,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import ClassVar
 
+from iqbridge import engine_batch
 from iqbridge.engine import Change
+from iqbridge.engine_batch import ClaimPlan, SettlePlan
 from iqbridge.errors import MessageNotFound
 from iqbridge.model import (
     Filter,
@@ -23,7 +35,7 @@ from iqbridge.model import (
 )
 from iqbridge.redaction import redact
 from iqbridge.states import PublisherState, SubscriberState
-from iqbridge.stores.base import AvailableQueries, PurgedMessage, StaleRecord
+from iqbridge.stores.base import AvailableQueries, ClaimedRow, PurgedMessage, StaleRecord
 from iqbridge.stores.codec import matches, summary
 from iqbridge.writes import Writes
 
@@ -149,6 +161,112 @@ class MemoryStore(AvailableQueries):
                 if ok:
                     self._apply(change)
                 flags.append(ok)
+            return flags
+
+    def claim_received(
+        self,
+        queue: str,
+        plan: ClaimPlan,
+        at: int,
+        entries: Sequence[tuple[str, str, str]],
+        tokens: Sequence[str],
+    ) -> list[ClaimedRow | None]:
+        """Claim the messages of a consumer group's broker entries (see
+        :class:`~iqbridge.stores.base.ClaimsReceived`)."""
+        with self._lock:
+            mine: list[MessageRecord] = []
+            picked: list[str | None] = []
+            seen: set[str] = set()
+            held: set[str] = set()
+            for msg_id, ref, key in entries:
+                rec = self._records.get(msg_id)
+                ok = (
+                    rec is not None
+                    and msg_id not in seen
+                    and not (key and key in held)
+                    and rec.queue == queue
+                    and rec.native_ref == ref
+                    and _claimable(rec, plan, at, ref)
+                )
+                seen.add(msg_id)
+                if ok and rec is not None:
+                    mine.append(rec)
+                    picked.append(msg_id)
+                else:
+                    picked.append(None)
+                    if key:
+                        held.add(key)
+            claimed = self._claim(queue, plan, at, mine, tokens)
+            return [claimed[m] if m is not None else None for m in picked]
+
+    def _claim(
+        self,
+        queue: str,
+        plan: ClaimPlan,
+        at: int,
+        recs: Sequence[MessageRecord],
+        tokens: Sequence[str],
+    ) -> dict[str, ClaimedRow]:
+        """Claim ``recs`` (each on the common path, checked under the lock), the n-th
+        under ``tokens[n]``, by the batch engine; their claims by msg_id."""
+        if not recs:
+            return {}
+        mine = tokens[: len(recs)]
+        moved, steps, off = engine_batch.claim(
+            recs, plan.subscriber, at, mine, owner=plan.owner, lease_until=plan.lease_until
+        )
+        assert not off, "a record on the common path the batch engine would not claim"
+        self.commit_writes(Writes(queue, moved=moved, journal=steps))
+        return {
+            b.msg_id: (
+                b.msg_id,
+                b.native_ref or "",
+                b.members[plan.subscriber].attempt,
+                b.max_attempts,
+                token,
+            )
+            for (b, _), token in zip(moved, mine, strict=True)
+        }
+
+    def settle_held(
+        self, queue: str, plan: SettlePlan, at: int, held: Sequence[tuple[str, str]]
+    ) -> list[bool]:
+        """Settle held messages of one subscriber by ``plan`` (see
+        :class:`~iqbridge.stores.base.SettlesHeld`)."""
+        sub = plan.subscriber
+        with self._lock:
+            picked: list[MessageRecord] = []
+            flags: list[bool] = []
+            seen: set[str] = set()
+            for msg_id, token in held:
+                rec = self._records.get(msg_id)
+                m = rec.members.get(sub) if rec is not None else None
+                ok = (
+                    rec is not None
+                    and m is not None
+                    and msg_id not in seen
+                    and rec.queue == queue
+                    and rec.expires_at is None
+                    and rec.lock_id is None
+                    and m.state in plan.moves
+                    and m.lease_token == token
+                )
+                seen.add(msg_id)
+                if ok and rec is not None:
+                    picked.append(rec)
+                flags.append(ok)
+            if picked:
+                journals = any(last is not None for _, last, _ in plan.moves.values())
+                moved, steps, off = engine_batch.settle(
+                    picked,
+                    sub,
+                    [r.members[sub].lease_token for r in picked],
+                    plan.kind,
+                    at,
+                    auto_journal=journals,
+                )
+                assert not off, "a held message the batch engine would not settle"
+                self.commit_writes(Writes(queue, moved=moved, journal=steps))
             return flags
 
     def _current(self, change: Change) -> bool:
@@ -345,3 +463,20 @@ def _copy(retained: Retained) -> Retained:
 def _is_due(rec: MessageRecord, now: int) -> bool:
     due = rec.due_at()
     return due is not None and due <= now
+
+
+def _claimable(rec: MessageRecord, plan: ClaimPlan, at: int, ref: str | None) -> bool:
+    """Whether a stored record is on a batch claim's common path, as the SQLite store
+    decides it: the member AVAILABLE in no pool, the message REVEALED, no time limit, no
+    browse lock (even a lapsed one), past any retry delay, its broker reference known."""
+    m = rec.members.get(plan.subscriber)
+    return (
+        m is not None
+        and m.pool is None
+        and m.state is plan.src
+        and rec.publisher_state is plan.revealed
+        and rec.expires_at is None
+        and rec.lock_id is None
+        and ref is not None
+        and (m.not_before is None or at >= m.not_before)
+    )
