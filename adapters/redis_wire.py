@@ -14,6 +14,7 @@ from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope, MessageRecord
 from iqbridge.states import ActorKind, PublisherState, SubEvent, SubscriberState, subscriber_move
 from iqbridge.stores.redis_records import compose_record
+from iqbridge.stores.redis_scripts import lua_fragment
 
 __all__ = [
     "RECEIVE_SCRIPT",
@@ -101,75 +102,11 @@ end
 local function num(x)
   return string.format('%.0f', x)
 end
-
--- Claim one entry's message for csub if it is on the common path (the member AVAILABLE
--- in no pool, the message REVEALED, neither locked nor with a time limit, past any
--- retry delay): the token, or nil (the client decides it).
-local function claim(id, f, over)
-  if f[7] or f[8] then return nil end
-  local r = cjson.decode(f[4])
-  local ps, row = r[14], nil
-  for i = 1, #over, 2 do
-    if over[i] == csub then
-      row = cjson.decode(over[i + 1])
-    elseif over[i] == '' then
-      ps = over[i + 1]
-    end
-  end
-  if ps ~= revealed then return nil end
-  if not row then
-    for _, m in ipairs(r[20]) do
-      if m[1] == csub then row = m end
-    end
-  end
-  if not row or row[2] ~= NULL or row[3] ~= available then return nil end
-  local nb = row[9]
-  if nb ~= NULL and cat < nb then return nil end
-  local updated = f[5] and tonumber(f[5]) or r[16]
-  local stamp = num(cat >= updated and cat or updated)
-  claimed = claimed + 1
-  local token = ctok .. string.format('%04x', claimed)
-  local key = rp .. 'm:' .. id
-  if not jn then
-    jn = num(redis.call('INCR', rp .. 'jseq'))
-  end
-  local items = jgroups[stamp]
-  if not items then
-    items = {}
-    jgroups[stamp] = items
-    jorder[#jorder + 1] = stamp
-  end
-  items[#items + 1] = '[' .. cjson.encode(id) .. ',' .. num(row[5]) .. ']'
-  local h = f[10]
-  if h and h ~= '' then h = h .. ',' .. jn else h = jn end
-  local ix = {}
-  for _, k in ipairs(cjson.decode(f[9])) do
-    if k ~= ckey and k ~= rkey and k ~= dkey then ix[#ix + 1] = k end
-  end
-  local due = redis.call('ZSCORE', dkey, id)
-  if due then ix[#ix + 1] = dkey end
-  if cuntil ~= '' then
-    if not due then ix[#ix + 1] = dkey end
-    if not due or tonumber(cuntil) < tonumber(due) then
-      redis.call('ZADD', dkey, cuntil, id)
-    end
-  end
-  redis.call('HSET', key, 'v', num(tonumber(f[1]) + 1), 'u', stamp, 'mo', '1', 'h', h,
-    'ix', cjson.encode(ix))
-  redis.call('HSET', rp .. 'ms:' .. id, csub, '[' .. cjson.encode(csub) .. ',null,' ..
-    cjson.encode(cstate) .. ',' .. js(row[4]) .. ',' .. num(row[5]) .. ',"' .. token ..
-    '",' .. cjson.encode(cowner) .. ',' .. (cuntil ~= '' and cuntil or 'null') ..
-    ',null,' .. js(row[10]) .. ',' .. stamp .. ']')
-  if nb ~= NULL then
-    redis.call('HDEL', key, 'b:' .. csub)
-  end
-  redis.call('ZREM', ckey, id)
-  if row[5] >= 2 then
-    redis.call('ZREM', rkey, id)
-  end
-  return token, row[5], r[13]
+local function next_token(n)
+  return ctok .. string.format('%04x', n)
 end
 
+{claim_member}
 local out, reread = {}, {}
 local function field(fields, name)
   for i = 1, #fields, 2 do
@@ -278,17 +215,9 @@ for g = 1, ngroups do
     break
   end
 end
-if jn then
-  local groups = {}
-  for _, stamp in ipairs(jorder) do
-    groups[#groups + 1] = '[' .. stamp .. ',' .. csteps .. ',[' ..
-      table.concat(jgroups[stamp], ',') .. ']]'
-  end
-  redis.call('XADD', rp .. 'journal', jn .. '-0', 'm', '', 'q', ARGV[a + 13],
-    'e', '{"b":[' .. table.concat(groups, ',') .. ']}')
-end
+write_claims_journal(ARGV[a + 13])
 return {out, reread}
-"""
+""".replace("{claim_member}", lua_fragment("claim_member"))
 
 
 def claim_args(

@@ -91,6 +91,7 @@ class RedisStoreBase:
         self._writes = scripts["writes"]
         self._put = scripts["put"]
         self._settle = scripts["settle"]
+        self._claim = scripts["claim"]
         self._available = scripts["available"]
         self._history = scripts["history"]
         self._page = scripts["page"]

@@ -17,13 +17,14 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-__all__ = ["DirectScripts"]
+__all__ = ["DirectScripts", "lua_fragment"]
 
 _SCRIPTS = (
     "commit",
     "writes",
     "put",
     "settle",
+    "claim",
     "available",
     "history",
     "page",
@@ -33,12 +34,31 @@ _SCRIPTS = (
 
 
 def _lua(name: str) -> str:
+    """A script of ``stores/lua/``, the fragments it includes spliced in."""
+    text = _read(name)
+    for fragment in _FRAGMENTS:
+        text = text.replace(f"{{{fragment}}}", _read(fragment))
+    return text
+
+
+#: Lua code several scripts include, each at a line ``{<name>}``: the claim of one
+#: message for a subscriber (the Redis Streams receive script and claim.lua).
+_FRAGMENTS = ("claim_member",)
+
+
+def _read(name: str) -> str:
     return (
         resources.files("iqbridge.stores")
         .joinpath("lua")
         .joinpath(f"{name}.lua")
         .read_text("utf-8")
     )
+
+
+def lua_fragment(name: str) -> str:
+    """The Lua code of ``stores/lua/<name>.lua`` that several scripts include (the claim
+    of one message: ``claim_member``), for a script to splice in where it is needed."""
+    return _read(name)
 
 
 class _Held:

@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from iqbridge.engine_batch import SettlePlan
+import orjson
+
+from iqbridge.engine_batch import ClaimPlan, SettlePlan
 from iqbridge.ids import new_token
 from iqbridge.model import MessageRecord, Retained
 from iqbridge.states import SubscriberState
-from iqbridge.stores.base import StaleRecord
+from iqbridge.stores.base import ClaimedRow, StaleRecord
 from iqbridge.stores.codec import (
     JOURNAL_PER_ROW,
     encode,
@@ -199,6 +201,53 @@ class RedisWrites(RedisCommits):
             result = self._run_keeping_reply(self._settle, [stream], args, write_id, _spaced)
             flags += [flag == "1" for flag in _text(result[1]).split(",")]
         return flags
+
+    def claim_received(
+        self,
+        queue: str,
+        plan: ClaimPlan,
+        at: int,
+        entries: Sequence[tuple[str, str, str]],
+        tokens: Sequence[str],
+    ) -> list[ClaimedRow | None]:
+        """Claim the messages of a consumer group's broker entries where they live
+        (``stores/lua/claim.lua``, the claim of the Redis Streams receive script applied
+        to entries the client read from another broker), by ``plan``, in one script call
+        per up to 5,000 entries; the client sends no record (see
+        :class:`~iqbridge.stores.base.ClaimsReceived`)."""
+        out: list[ClaimedRow | None] = []
+        head = [
+            queue,
+            plan.subscriber,
+            str(at),
+            "" if plan.lease_until is None else str(plan.lease_until),
+            plan.owner,
+            plan.dst.value,
+            orjson.dumps(plan.steps).decode(),
+            plan.src.value,
+            plan.revealed.value,
+        ]
+        taken = 0
+        for i in range(0, len(entries), _SETTLE_CHUNK):
+            chunk = entries[i : i + _SETTLE_CHUNK]
+            mine = [tokens[taken + k] for k in range(len(chunk))]
+            write_id = new_token()
+            args: list[Any] = [self.keyspace, write_id, self._done_ttl(), *head, len(chunk)]
+            for msg_id, ref, key in chunk:
+                args += (msg_id, ref, key)
+            args += mine
+            keys = [self._seq_key]  # a key of the index's hash tag: the node that has them
+            result = self._run_keeping_reply(self._claim, keys, args, write_id, _spaced)
+            made = 0
+            for (msg_id, ref, _), got in zip(chunk, _text(result[1]).split(","), strict=True):
+                if got == "-":
+                    out.append(None)
+                    continue
+                attempt, most = got.split(":")
+                out.append((msg_id, ref, int(attempt), int(most), mine[made]))
+                made += 1
+            taken += made
+        return out
 
     def commit_writes_with_entries(
         self, writes: Writes, stream: str, entries: Sequence[Sequence[bytes | str]]
