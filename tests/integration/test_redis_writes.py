@@ -7,7 +7,8 @@ real Redis server, beyond the store contract:
 * a batch whose reply or request is lost (the connection drops after or before Redis
   ran the script) is applied exactly once, and the retry reports exactly which records
   held; the same for a co-located put (records and broker entries) through
-  ``commit_writes_with_entries``.
+  ``commit_writes_with_entries``; and a claim of a consumer group's entries
+  (``claim_received``, stores/lua/claim.lua).
 
 Faults are made by a TCP proxy in front of Redis (:class:`~iqbridge.testing.proxy.FaultProxy`);
 nothing is mocked.
@@ -183,3 +184,30 @@ def test_a_colocated_put_whose_reply_or_request_is_lost_adds_each_entry_once(
     finally:
         via.close()
         drop_streams(stream)
+
+
+@pytest.mark.parametrize("lose", ["reply", "request"])
+def test_a_claim_of_received_entries_whose_reply_or_request_is_lost_claims_once(
+    redis_prefix: str, store: RedisStore, proxy: FaultProxy, lose: str
+) -> None:
+    queue = "lost-claim"
+    records, journal = engine_batch.create(queue, Audience(("a",)), T0, _items(3))
+    assert store.commit_writes(Writes(queue, created=records, journal=journal)) == [True] * 3
+    store.set_native_refs([(r.msg_id, f"1-{i}") for i, r in enumerate(records)])
+    plan = engine_batch.claim_plan("a", "me", T0 + 60 * SEC)
+    entries = [(r.msg_id, f"1-{i}", "k") for i, r in enumerate(records)]
+    rows_before = _journal_rows(store)
+    via = RedisStore.from_url(f"redis://127.0.0.1:{proxy.port}/0?prefix={redis_prefix}")
+    try:
+        proxy.arm(b"EVALSHA", records[0].msg_id.encode(), lose=lose)
+        got = via.claim_received(queue, plan, T0 + SEC, entries, ["t0", "t1", "t2"])
+        assert proxy.cuts == 1
+    finally:
+        via.close()
+    # The retry answers what the one try did: every claim once, under its own token.
+    assert got == [(r.msg_id, f"1-{i}", 1, 5, f"t{i}") for i, r in enumerate(records)]
+    assert _journal_rows(store) == rows_before + 1
+    for i, rec in enumerate(records):
+        member = store.load(rec.msg_id).members["a"]
+        assert (member.state, member.lease_token) == (S.FETCHED, f"t{i}")
+        assert [e.dst for e in store.history(rec.msg_id)][-2:] == ["GET", "FETCHED"]
