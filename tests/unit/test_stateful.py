@@ -9,9 +9,11 @@ which moves the table forbids: a forbidden move must raise a typed iqbridge erro
 change nothing. After every step the index (queue.state, queue.search, hub.journal) is
 checked against the model and against the invariants of state-model.md.
 
-Runs on memory:// (the native consumer-group path; at least 2,000 examples), on
-sqlite:// (the index-driven path, a fresh file per example) and on Redis Streams with the
-Redis index (the native path on a real server, checking the index's own bookkeeping).
+Runs on memory:// (the native consumer-group path; at least 2,000 examples), on the
+memory broker with a SQLite index apart (the native path of Kafka and RabbitMQ on their
+default index), on sqlite:// (the index-driven path, a fresh file per example) and on
+Redis Streams with the Redis index (the native path on a real server, checking the
+index's own bookkeeping).
 """
 
 from __future__ import annotations
@@ -139,7 +141,9 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         STATS[f"{self.config}.examples"] += 1
         self.clock = FakeClock()
-        self.hub = iqbridge.connect(self.url(), publisher=PUBLISHER, clock=self.clock)
+        self.hub = iqbridge.connect(
+            self.url(), index=self.index(), publisher=PUBLISHER, clock=self.clock
+        )
         # sweep_interval=0: every get first applies what time made due, as recover() does,
         # so the model knows exactly when lapsed leases and time limits take effect.
         self.queue = self.hub.queue(
@@ -158,6 +162,10 @@ class QueueMachine(RuleBasedStateMachine):
     def url(self) -> str:
         """A fresh broker and index for this example."""
         return "memory://"
+
+    def index(self) -> str | None:
+        """The index apart from the broker, or None for the broker's default."""
+        return None
 
     def teardown(self) -> None:
         self.hub.close()
@@ -650,6 +658,27 @@ class SqliteQueueMachine(QueueMachine):
                 Path(f"{self.path}{suffix}").unlink()
 
 
+class SqliteIndexMachine(QueueMachine):
+    """The same machine on the memory broker (native consumer groups) with a SQLite index
+    apart, a fresh file per example: the path Kafka, RabbitMQ, IBM MQ and Oracle AQ take
+    on their default index (the entries of a group claimed where the index keeps them,
+    held batches settled there)."""
+
+    config = "memory+sqlite"
+    directory: ClassVar[Path]
+    files = itertools.count()
+
+    def index(self) -> str:
+        self.path = self.directory / f"ix{next(self.files)}.db"
+        return f"sqlite:///{self.path}"
+
+    def teardown(self) -> None:
+        super().teardown()
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{self.path}{suffix}").unlink()
+
+
 class RedisQueueMachine(QueueMachine):
     """The same machine on Redis Streams with the Redis index on the same server (the
     co-located path: one-script puts, receives with records, read-ahead). After every
@@ -712,6 +741,7 @@ UNREACHABLE = {
 
 MEMORY_EXAMPLES = 2000
 SQLITE_EXAMPLES = 150
+SQLITE_INDEX_EXAMPLES = 150
 REDIS_EXAMPLES = 100
 
 
@@ -733,3 +763,9 @@ def test_state_engine_on_sqlite(tmp_path: Path) -> None:
     SqliteQueueMachine.directory = tmp_path
     # Too few examples to reach every row of the table every time: report, don't insist.
     run(SqliteQueueMachine, SQLITE_EXAMPLES, steps=30, full_coverage=False)
+
+
+@pytest.mark.slow
+def test_state_engine_on_memory_broker_with_sqlite_index(tmp_path: Path) -> None:
+    SqliteIndexMachine.directory = tmp_path
+    run(SqliteIndexMachine, SQLITE_INDEX_EXAMPLES, steps=30, full_coverage=False)
