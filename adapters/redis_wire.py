@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 
 from iqbridge.adapter import ClaimOnReceive
+from iqbridge.engine_batch import claim_plan
 from iqbridge.ids import adopted_id
 from iqbridge.model import Envelope, MessageRecord
-from iqbridge.states import ActorKind, PublisherState, SubEvent, SubscriberState, subscriber_move
 from iqbridge.stores.redis_records import compose_record
 from iqbridge.stores.redis_scripts import lua_fragment
 
@@ -88,20 +88,11 @@ local csub, cat, cuntil, cowner, ctok, climit = ARGV[a], tonumber(ARGV[a + 1]), 
 local cstate, csteps, ckey, rkey, dkey = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9],
   ARGV[a + 10]
 local available, revealed, mine = ARGV[a + 11], ARGV[a + 12], ARGV[a + 14]
-local claimed, jn, jgroups, jorder = 0, false, {}, {}
 -- Claims are one unbroken run of the rows: once a row of the subscriber's group is
 -- left to the client, no later row is claimed here (a client killed before its own
 -- claim must not leave later messages claimed and earlier ones not: the next holder
 -- hands claimed ones out again first, and a key's order would break).
 local cstop = false
-local NULL = cjson.null
-local function js(x)
-  if x == NULL or x == nil then return 'null' end
-  return cjson.encode(x)
-end
-local function num(x)
-  return string.format('%.0f', x)
-end
 local function next_token(n)
   return ctok .. string.format('%04x', n)
 end
@@ -227,31 +218,25 @@ def claim_args(
     ``claim.lease_until`` and ``claim.tokens`` are reset for it): at most ``limit``
     claims, their tokens ``tokens`` and a number, ``mine`` the prefix of every token of
     this client (index key prefix ``prefix``)."""
-    sub, owner = claim.subscriber, claim.owner
+    sub = claim.subscriber
     claim.tokens.clear()
     claim.at = at = claim.now()
     claim.lease_until = until = at + claim.lease_us if claim.lease_us is not None else None
-    got = subscriber_move("", sub, SubscriberState.AVAILABLE, SubEvent.GET)
-    fetched = subscriber_move("", sub, got, SubEvent.FETCH)
-    kind = ActorKind.SUBSCRIBER
-    steps = [
-        [sub, kind, SubscriberState.AVAILABLE.value, got.value, f"by {owner}"],
-        [sub, kind, got.value, fetched.value, None],
-    ]
+    plan = claim_plan(sub, claim.owner, until)
     return [
         sub,
         str(at),
         "" if until is None else str(until),
-        owner,
+        plan.owner,
         tokens,
         limit,
-        fetched.value,
-        orjson.dumps(steps).decode(),
+        plan.dst.value,
+        orjson.dumps(plan.steps).decode(),
         f"{prefix}c:{queue}/{sub}",
         f"{prefix}r:{queue}/{sub}",
         f"{prefix}d:{queue}",
-        SubscriberState.AVAILABLE.value,
-        PublisherState.REVEALED.value,
+        plan.src.value,
+        plan.revealed.value,
         queue,
         mine,
     ]

@@ -264,7 +264,11 @@ class ClaimsReady(Protocol):
         journal written per batch. Returns the claims (msg_id, native ref, attempt, max
         attempts, token) and the msg_ids of ready messages read but off the common path
         (a pool, a time limit, a browse lock, a retry delay...), for the per-message
-        engine."""
+        engine.
+
+        Called inside the store's :meth:`~IndexStore.atomic`, the claim is undone with
+        it (the facade rolls a claim back when a payload turns out gone): only a store
+        whose ``atomic()`` is a transaction may offer this."""
         ...
 
 

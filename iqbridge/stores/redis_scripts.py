@@ -35,9 +35,9 @@ _SCRIPTS = (
 
 def _lua(name: str) -> str:
     """A script of ``stores/lua/``, the fragments it includes spliced in."""
-    text = _read(name)
+    text = lua_fragment(name)
     for fragment in _FRAGMENTS:
-        text = text.replace(f"{{{fragment}}}", _read(fragment))
+        text = text.replace(f"{{{fragment}}}", lua_fragment(fragment))
     return text
 
 
@@ -46,19 +46,15 @@ def _lua(name: str) -> str:
 _FRAGMENTS = ("claim_member",)
 
 
-def _read(name: str) -> str:
+def lua_fragment(name: str) -> str:
+    """The Lua code of ``stores/lua/<name>.lua`` as it is (the claim of one message,
+    ``claim_member``, for a script to splice in where it is needed)."""
     return (
         resources.files("iqbridge.stores")
         .joinpath("lua")
         .joinpath(f"{name}.lua")
         .read_text("utf-8")
     )
-
-
-def lua_fragment(name: str) -> str:
-    """The Lua code of ``stores/lua/<name>.lua`` that several scripts include (the claim
-    of one message: ``claim_member``), for a script to splice in where it is needed."""
-    return _read(name)
 
 
 class _Held:

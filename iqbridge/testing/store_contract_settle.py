@@ -345,7 +345,7 @@ class ClaimReceivedTests(_Ready):
             (twice, "ref-again", ""),  # a second entry of one message
             (wrong_ref, "ref-other", ""),  # not the entry the index knows it by
             (elsewhere, f"ref-{elsewhere}", ""),  # another queue's message
-            (pooled, f"ref-{pooled}", ""),  # a pool's member: the engine picks who
+            (pooled, f"ref-{pooled}", ""),  # no member "a" (a pool "a" of a1, a2)
             (limited, f"ref-{limited}", ""),  # a time limit
             (no_ref, "ref-late", ""),  # the index has no reference yet
             (plain, f"ref-{plain}", ""),
@@ -358,6 +358,11 @@ class ClaimReceivedTests(_Ready):
         ]  # fmt: skip
         # The claims take the tokens in order, one each.
         assert [g[4] for g in got if g] == tokens[:2]
+        # A pool's member, through the pool's group: the per-message engine decides who
+        # of the pool takes it.
+        pool_plan = engine_batch.claim_plan("a1", "a1@contract", T0 + SEC + LEASE)
+        pooled_entry = [(pooled, f"ref-{pooled}", "")]
+        assert receiver.claim_received(queue, pool_plan, T0 + SEC, pooled_entry, ["t"]) == [None]
         after = store.load_many(everyone)
         for msg_id in (wrong_ref, elsewhere, pooled, limited, no_ref):
             assert after[msg_id].version == before[msg_id].version

@@ -648,6 +648,10 @@ class SqliteQueueMachine(QueueMachine):
     files = itertools.count()
 
     def url(self) -> str:
+        return self.fresh_file()
+
+    def fresh_file(self) -> str:
+        """A new SQLite file for this example (deleted at its end)."""
         self.path = self.directory / f"iq{next(self.files)}.db"
         return f"sqlite:///{self.path}"
 
@@ -658,25 +662,20 @@ class SqliteQueueMachine(QueueMachine):
                 Path(f"{self.path}{suffix}").unlink()
 
 
-class SqliteIndexMachine(QueueMachine):
+class SqliteIndexMachine(SqliteQueueMachine):
     """The same machine on the memory broker (native consumer groups) with a SQLite index
     apart, a fresh file per example: the path Kafka, RabbitMQ, IBM MQ and Oracle AQ take
     on their default index (the entries of a group claimed where the index keeps them,
     held batches settled there)."""
 
     config = "memory+sqlite"
-    directory: ClassVar[Path]
-    files = itertools.count()
+    index_driven = False
+
+    def url(self) -> str:
+        return "memory://"
 
     def index(self) -> str:
-        self.path = self.directory / f"ix{next(self.files)}.db"
-        return f"sqlite:///{self.path}"
-
-    def teardown(self) -> None:
-        super().teardown()
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                Path(f"{self.path}{suffix}").unlink()
+        return self.fresh_file()
 
 
 class RedisQueueMachine(QueueMachine):
@@ -688,8 +687,13 @@ class RedisQueueMachine(QueueMachine):
     prefixes = itertools.count()
 
     def url(self) -> str:
+        prefix = self.fresh_prefix()
+        return f"{REDIS_URL}?prefix={prefix}&stream_prefix={prefix}:"
+
+    def fresh_prefix(self) -> str:
+        """A new key prefix for this example (its keys deleted at its end)."""
         self.prefix = f"stateful-{uuid.uuid4().hex[:8]}-{next(self.prefixes)}"
-        return f"{REDIS_URL}?prefix={self.prefix}&stream_prefix={self.prefix}:"
+        return self.prefix
 
     def teardown(self) -> None:
         try:
@@ -700,25 +704,18 @@ class RedisQueueMachine(QueueMachine):
             drop_streams(f"{self.prefix}:")
 
 
-class RedisIndexMachine(QueueMachine):
+class RedisIndexMachine(RedisQueueMachine):
     """The same machine on the memory broker with the Redis index apart (the native path
     of Kafka or RabbitMQ on a Redis index: a group's entries claimed by claim.lua, held
-    batches settled by settle.lua). After every example the index's bookkeeping is
-    checked against its records."""
+    batches settled by settle.lua)."""
 
     config = "memory+redis"
-    prefixes = itertools.count()
+
+    def url(self) -> str:
+        return "memory://"
 
     def index(self) -> str:
-        self.prefix = f"stateful-ix-{uuid.uuid4().hex[:8]}-{next(self.prefixes)}"
-        return f"{REDIS_URL}?prefix={self.prefix}"
-
-    def teardown(self) -> None:
-        try:
-            check_redis_index(self.hub.store)
-        finally:
-            super().teardown()
-            drop_keys(self.prefix)
+        return f"{REDIS_URL}?prefix={self.fresh_prefix()}"
 
 
 def run(machine: type[QueueMachine], examples: int, steps: int, *, full_coverage: bool) -> None:

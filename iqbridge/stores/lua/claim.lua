@@ -33,15 +33,6 @@ local e0, t0 = 14, 14 + 3 * n
 local ckey = rp .. 'c:' .. queue .. '/' .. csub
 local rkey = rp .. 'r:' .. queue .. '/' .. csub
 local dkey = rp .. 'd:' .. queue
-local claimed, jn, jgroups, jorder = 0, false, {}, {}
-local NULL = cjson.null
-local function js(x)
-  if x == NULL or x == nil then return 'null' end
-  return cjson.encode(x)
-end
-local function num(x)
-  return string.format('%.0f', x)
-end
 local function next_token(k)
   return ARGV[t0 + k - 1]
 end

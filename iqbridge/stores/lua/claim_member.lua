@@ -3,11 +3,22 @@
 -- .RECEIVE_SCRIPT, the claim on receive) and claim.lua (the Redis index's claim of a
 -- consumer group's entries). The script that includes it defines first: rp (the key
 -- prefix), csub, cat, cuntil, cowner, cstate, csteps, ckey, rkey, dkey, available,
--- revealed, the counters claimed, jn, jgroups, jorder, NULL, js(), num() and
--- next_token(n), the lease token of the n-th claim.
+-- revealed and next_token(n), the lease token of the n-th claim. It defines the claims'
+-- counters (claimed, jn, jgroups, jorder) and NULL, js() and num(), which the script may
+-- use after it.
 --
 -- f is the record hash's fields v, s, n, r, u, mo, x, lk, ix, h (HMGET, in that order);
 -- over its "ms:<msg_id>" hash (HGETALL, empty when the record was never moved).
+
+local claimed, jn, jgroups, jorder = 0, false, {}, {}
+local NULL = cjson.null
+local function js(x)
+  if x == NULL or x == nil then return 'null' end
+  return cjson.encode(x)
+end
+local function num(x)
+  return string.format('%.0f', x)
+end
 
 -- Claim one entry's message for csub if it is on the common path (the member AVAILABLE
 -- in no pool, the message REVEALED, neither locked nor with a time limit, past any
