@@ -27,7 +27,9 @@ the versions there, and writes only the changes that still hold.
 :meth:`SqlStore.commit_writes` (a batch's writes with its journal as templates, see
 :mod:`iqbridge.stores.sql_writes`) locks the same way and then writes each table with one
 statement per batch, the rows as one JSON parameter (PostgreSQL, MariaDB), and expands
-the journal templates to one row per message per transition in the database.
+the journal templates to one row per message per transition in the database. A batch's
+claim or settle is made where the messages are kept, by a plan from the transition table
+and without a record per message (:mod:`iqbridge.stores.sql_claim`).
 :meth:`SqlStore.atomic` opens a real transaction on a connection of the calling thread;
 nested calls join it.
 
@@ -46,7 +48,8 @@ The store is :class:`SqlStore`, composed of its parts: engines, statements, conn
 and transactions (:mod:`iqbridge.stores.sql_base`), the write path
 (:mod:`iqbridge.stores.sql_commit`, and for batches :mod:`iqbridge.stores.sql_writes`
 with the statements of :mod:`iqbridge.stores.sql_statements`), the reads
-(:mod:`iqbridge.stores.sql_reads`) and the row conversions (:mod:`iqbridge.stores.sql_rows`).
+(:mod:`iqbridge.stores.sql_reads`), the claims and settles made in place
+(:mod:`iqbridge.stores.sql_claim`) and the row conversions (:mod:`iqbridge.stores.sql_rows`).
 """
 
 from __future__ import annotations
@@ -60,17 +63,17 @@ from iqbridge.model import Subscriptions
 from iqbridge.states import PublisherState
 from iqbridge.stores.base import AvailableQueries, PurgedMessage
 from iqbridge.stores.codec import subscriptions_from_json, subscriptions_to_json
+from iqbridge.stores.sql_claim import SqlClaims
 from iqbridge.stores.sql_reads import SqlReads
 from iqbridge.stores.sql_rows import _CHUNK
 from iqbridge.stores.sql_schema import parse_sql_url
-from iqbridge.stores.sql_writes import SqlWrites
 
 __all__ = ["SqlStore"]
 
 _JOURNALLED = PublisherState.JOURNALLED.value
 
 
-class SqlStore(SqlWrites, SqlReads, AvailableQueries):
+class SqlStore(SqlClaims, SqlReads, AvailableQueries):
     """The index in a SQL database (see the module docstring)."""
 
     #: Gaps in the journal's sequence may fill for this long (LateJournal): sequence

@@ -421,7 +421,6 @@ class SqlWrites(SqlCommits):
         """Update the message rows of the moves that hold (compare-and-set on the version
         moved from) and the member rows they changed; on PostgreSQL with ``journal``
         (templates, see :func:`_journal`) in the same statement."""
-        family = self.options.family
         msg_rows = [
             (
                 a.msg_id,
@@ -443,24 +442,39 @@ class SqlWrites(SqlCommits):
             for name, m in a.members.items()
             if m is not b.members.get(name)
         ]
+        self._move_rows(conn, msg_rows, mem_rows, journal)
+
+    def _move_rows(
+        self,
+        conn: Connection,
+        msg_rows: Sequence[Sequence[Any]],
+        mem_rows: Sequence[Sequence[Any]],
+        journal: dict[str, Any],
+    ) -> None:
+        """Update message rows (``MOVE_COLS``: compare-and-set on the version moved from;
+        one short raises StaleRecord) and member rows (``MOVED_MEMBER_COLS``); on
+        PostgreSQL with ``journal`` (templates, see :func:`_journal`) in the same
+        statement."""
+        family = self.options.family
+        first = msg_rows[0][0]
         if family == "postgresql":
             params = {"doc": encode(msg_rows), "members": encode(mem_rows), **journal}
             count = conn.execute(self._sql()["move"], params).scalar()
-            if count != len(moved):
-                raise StaleRecord(moved[0][1].msg_id)
+            if count != len(msg_rows):
+                raise StaleRecord(first)
             return
         sql = self._sql()
         if family == "mysql" and "move" in sql:
             result = conn.execute(sql["move"], {"doc": encode(msg_rows)})
-            if result.rowcount != len(moved):
-                raise StaleRecord(moved[0][1].msg_id)
+            if result.rowcount != len(msg_rows):
+                raise StaleRecord(first)
             if mem_rows:
                 conn.execute(sql["move_members"], {"members": encode(mem_rows)})
             return
         rows = [dict(zip(_CAS_KEYS, r, strict=True)) for r in msg_rows]
         result = conn.execute(self._cas, rows)
         if conn.dialect.supports_sane_multi_rowcount and result.rowcount != len(rows):
-            raise StaleRecord(moved[0][1].msg_id)
+            raise StaleRecord(first)
         if mem_rows:
             conn.execute(
                 self._member_update, [dict(zip(_MEMBER_KEYS, r, strict=True)) for r in mem_rows]

@@ -20,23 +20,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
 from iqbridge.engine_batch import ClaimPlan
-from iqbridge.stores.codec import (
-    ROW_ATTEMPT,
-    ROW_NAME,
-    ROW_NOT_BEFORE,
-    ROW_OWNER,
-    ROW_POOL,
-    ROW_STATE,
-    ROW_TOKEN,
-    ROW_UNTIL,
-    ROW_UPDATED,
-    leases_due,
-)
+from iqbridge.stores.row_moves import Claimed, RowClaims
 from iqbridge.stores.sqlite_commit import DELETE_READY, write_batch_journal
 
 __all__ = ["Claimed", "claim_entries", "claim_rows"]
@@ -60,17 +49,6 @@ _UPDATE = (
     "UPDATE iq_messages SET updated_at=?, version=?, members=?, journal=journal || ?,"
     " next_due=? WHERE seq=? AND version=?"
 )
-
-
-class Claimed(NamedTuple):
-    """One message claimed where it is kept: its msg_id, broker reference, the member's
-    attempt, the message's max attempts and the claim's lease token."""
-
-    msg_id: str
-    native_ref: str
-    attempt: int
-    max_attempts: int
-    token: str
 
 
 def claim_rows(
@@ -153,64 +131,38 @@ _MSG_ID, _NATIVE_REF, _QUEUE = 2, 7, 11
 
 
 class _Batch:
-    """The claims of one batch, decided row by row, written at the end in one statement
-    per table and one journal row per instant."""
+    """The claims of one batch, decided row by row (:class:`RowClaims`), written at the
+    end in one statement per table and one journal row per instant."""
 
-    __slots__ = ("at", "dst", "groups", "plan", "queue", "ready", "revealed", "src", "updates")
+    __slots__ = ("claims", "queue", "ready", "updates")
 
     def __init__(self, queue: str, plan: ClaimPlan, at: int) -> None:
         self.queue = queue
-        self.plan = plan
-        self.at = at
-        self.src, self.dst, self.revealed = plan.src.value, plan.dst.value, plan.revealed.value
+        self.claims = RowClaims(plan, at)
         self.updates: list[list[Any]] = []
         self.ready: list[tuple[Any, ...]] = []
-        #: instant -> [msg_id, attempt] of every claim made then
-        self.groups: dict[int, list[list[Any]]] = {}
 
     def claim(self, row: Sequence[Any], ref: str | None, token: str) -> Claimed | None:
         """The claim of one message row under ``token``, or None when it is off the
         common path (nothing is written for it)."""
-        plan = self.plan
-        sub = plan.subscriber
-        at = self.at
         priority, seq, msg_id, version, members, ps, most, _, updated, expires, lock = row[:11]
         ms: list[list[Any]] = orjson.loads(members)
-        mine = next((m for m in ms if m[ROW_NAME] == sub), None)
-        if (
-            mine is None
-            or mine[ROW_POOL] is not None
-            or mine[ROW_STATE] != self.src
-            or ps != self.revealed
-            or expires is not None
-            or lock is not None
-            or ref is None
-            or (mine[ROW_NOT_BEFORE] is not None and at < mine[ROW_NOT_BEFORE])
-        ):
+        off = expires is not None or lock is not None
+        got = self.claims.claim(msg_id, ms, ps, updated, off, ref, most, token)
+        if got is None:
             return None
-        stamp = at if at >= updated else updated
-        mine[ROW_STATE] = self.dst
-        mine[ROW_TOKEN] = token
-        mine[ROW_OWNER] = plan.owner
-        mine[ROW_UNTIL] = plan.lease_until
-        mine[ROW_NOT_BEFORE] = None
-        mine[ROW_UPDATED] = stamp
-        due = leases_due(ms)
-        self.groups.setdefault(stamp, []).append([msg_id, mine[ROW_ATTEMPT]])
+        claimed, _, stamp, due = got
         self.updates.append(
             [stamp, version + 1, orjson.dumps(ms).decode(), msg_id, due, seq, version]
         )
-        self.ready.append((self.queue, sub, priority, seq))
-        return Claimed(msg_id, ref, mine[ROW_ATTEMPT], most, token)
+        self.ready.append((self.queue, self.claims.plan.subscriber, priority, seq))
+        return claimed
 
     def write(self, conn: sqlite3.Connection) -> None:
         """Write the batch's claims: message rows, ready rows, journal."""
         if not self.updates:
             return
-        steps = self.plan.steps
-        where = write_batch_journal(
-            conn, self.queue, ((stamp, steps, items) for stamp, items in self.groups.items())
-        )
+        where = write_batch_journal(conn, self.queue, self.claims.journal())
         for u in self.updates:
             u[3] = "," + where[u[3]]
         conn.executemany(_UPDATE, self.updates)

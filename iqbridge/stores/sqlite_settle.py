@@ -27,17 +27,7 @@ from typing import Any
 import orjson
 
 from iqbridge.engine_batch import SettlePlan
-from iqbridge.states import SubscriberState
-from iqbridge.stores.codec import (
-    ROW_ATTEMPT,
-    ROW_NAME,
-    ROW_OUTCOME,
-    ROW_STATE,
-    ROW_TOKEN,
-    ROW_UNTIL,
-    ROW_UPDATED,
-    leases_due,
-)
+from iqbridge.stores.row_moves import RowSettles
 from iqbridge.stores.sqlite_commit import write_batch_journal
 
 __all__ = ["settle_rows"]
@@ -51,8 +41,6 @@ _UPDATE = (
     " journal=journal || ?, next_due=? WHERE seq=? AND version=?"
 )
 _CHUNK = 500
-_DONE = SubscriberState.DONE.value
-_JOURNALLED = SubscriberState.JOURNALLED.value
 
 
 def settle_rows(
@@ -66,22 +54,15 @@ def settle_rows(
     ``plan`` at ``at`` (µs), inside the caller's write transaction ``conn``. One flag per
     message, in order: moved, or left as it was (off the common path; a msg_id repeated
     is moved once)."""
-    sub = plan.subscriber
-    moves = {
-        src.value: (dst.value, last.value if last is not None else None, steps)
-        for src, (dst, last, steps) in plan.moves.items()
-    }
-    pubs = {src.value: (dst.value, step) for src, (dst, step) in plan.publisher.items()}
     rows: dict[str, tuple[Any, ...]] = {}
     ids = list(dict.fromkeys(msg_id for msg_id, _ in held))
     for i in range(0, len(ids), _CHUNK):
         chunk = ids[i : i + _CHUNK]
         sql = _SELECT.format(marks=",".join("?" * len(chunk)))
         rows.update((row[0], row) for row in conn.execute(sql, chunk))
+    settles = RowSettles(plan, at)
     flags: list[bool] = []
     updates: list[list[Any]] = []
-    # (instant, state left, publisher moved from, publisher) -> the group's journal
-    groups: dict[tuple[Any, ...], tuple[list[list[Any]], list[list[Any]]]] = {}
     for msg_id, token in held:
         row = rows.pop(msg_id, None)  # popped: a msg_id repeated is moved once
         if row is None:
@@ -92,50 +73,25 @@ def settle_rows(
             flags.append(False)
             continue
         ms: list[list[Any]] = orjson.loads(members)
-        mine = next((m for m in ms if m[ROW_NAME] == sub), None)
-        move = moves.get(mine[ROW_STATE]) if mine is not None else None
-        if mine is None or move is None or mine[ROW_TOKEN] != token:
+        got = settles.settle(msg_id, ms, ps, publisher, updated, token)
+        if got is None:
             flags.append(False)
             continue
-        dst, last, steps = move
-        stamp = at if at >= updated else updated
-        src = mine[ROW_STATE]
-        mine[ROW_STATE] = dst
-        if dst == _DONE:
-            mine[ROW_UNTIL] = None
-            if last is not None:
-                mine[ROW_STATE] = last
-                mine[ROW_OUTCOME] = dst
-        mine[ROW_UPDATED] = stamp
-        pub = pubs.get(ps) if last == _JOURNALLED else None
-        if pub is not None and any(m[ROW_STATE] != _JOURNALLED for m in ms):
-            pub = None
-        due = leases_due(ms)
-        key = (stamp, src, ps if pub is not None else None, publisher if pub else None)
-        group = groups.get(key)
-        if group is None:
-            journal = list(steps)
-            if pub is not None:
-                journal.append([publisher, *pub[1]])
-            group = groups[key] = (journal, [])
-        group[1].append([msg_id, mine[ROW_ATTEMPT]])
         updates.append(
             [
-                pub[0] if pub is not None else ps,
-                stamp,
+                got.publisher_state,
+                got.stamp,
                 version + 1,
                 orjson.dumps(ms).decode(),
                 msg_id,  # replaced by the journal rows below
-                due,
+                got.due,
                 seq,
                 version,
             ]
         )
         flags.append(True)
     if updates:
-        where = write_batch_journal(
-            conn, queue, ((key[0], journal, items) for key, (journal, items) in groups.items())
-        )
+        where = write_batch_journal(conn, queue, settles.journal())
         for u in updates:
             u[4] = "," + where[u[4]]
         conn.executemany(_UPDATE, updates)

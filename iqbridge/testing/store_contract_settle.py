@@ -4,7 +4,7 @@ from the transition table, without records: a claim of ready messages
 broker entries a consumer group delivered
 (:meth:`~iqbridge.stores.base.ClaimsReceived.claim_received`) and a done or in process of
 held ones (:meth:`~iqbridge.stores.base.SettlesHeld.settle_held`). A store that does not
-offer one (the SQL stores; the memory store's claim of ready messages: the facade
+offer one (the memory store's claim of ready messages: the facade
 decides those batches with the batch engine) skips its tests. See
 :mod:`iqbridge.testing.store_contract`."""
 

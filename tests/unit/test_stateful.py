@@ -75,6 +75,7 @@ from tests.redis_index_helpers import (
     drop_streams,
     fresh_prefix,
 )
+from tests.sql_helpers import PG_URL, fresh_schema
 
 S = SubscriberState
 P = PublisherState
@@ -718,6 +719,42 @@ class RedisIndexMachine(RedisQueueMachine):
         return f"{REDIS_URL}?prefix={self.fresh_prefix()}"
 
 
+class PostgresIndexMachine(QueueMachine):
+    """The same machine on the memory broker with a PostgreSQL index apart, fresh tables
+    per example (a table prefix of its own in the session's schema): the native path of
+    Kafka or RabbitMQ on a SQL index (a group's entries claimed and held batches settled
+    where the database keeps them, :mod:`iqbridge.stores.sql_claim`)."""
+
+    config = "memory+postgresql"
+    schema_url: ClassVar[str]
+    prefixes = itertools.count()
+
+    def url(self) -> str:
+        return "memory://"
+
+    def index(self) -> str:
+        return f"{self.schema_url}&prefix=s{next(self.prefixes)}_"
+
+
+class SqliteOnPostgresMachine(PostgresIndexMachine):
+    """The same machine on the embedded SQLite queue with a PostgreSQL index: the
+    index-driven path, ready messages claimed where the database keeps them."""
+
+    config = "sqlite+postgresql"
+    index_driven = True
+    directory: ClassVar[Path]
+
+    def url(self) -> str:
+        self.path = self.directory / f"iq{next(self.prefixes)}.db"
+        return f"sqlite:///{self.path}"
+
+    def teardown(self) -> None:
+        super().teardown()
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{self.path}{suffix}").unlink()
+
+
 def run(machine: type[QueueMachine], examples: int, steps: int, *, full_coverage: bool) -> None:
     STATS.clear()
     run_state_machine_as_test(
@@ -762,6 +799,7 @@ SQLITE_EXAMPLES = 150
 SQLITE_INDEX_EXAMPLES = 150
 REDIS_INDEX_EXAMPLES = 100
 REDIS_EXAMPLES = 100
+POSTGRES_INDEX_EXAMPLES = 50
 
 
 @pytest.mark.slow
@@ -796,3 +834,20 @@ def test_state_engine_on_memory_broker_with_redis_index() -> None:
     with fresh_prefix("stateful"):  # skips (or fails under CI) without a Redis server
         pass
     run(RedisIndexMachine, REDIS_INDEX_EXAMPLES, steps=30, full_coverage=False)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_state_engine_on_memory_broker_with_postgres_index() -> None:
+    with fresh_schema(PG_URL, "PostgreSQL", "stateful") as url:  # skips (fails in CI) if down
+        PostgresIndexMachine.schema_url = url
+        run(PostgresIndexMachine, POSTGRES_INDEX_EXAMPLES, steps=30, full_coverage=False)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_state_engine_on_sqlite_with_postgres_index(tmp_path: Path) -> None:
+    with fresh_schema(PG_URL, "PostgreSQL", "stateful") as url:
+        SqliteOnPostgresMachine.schema_url = url
+        SqliteOnPostgresMachine.directory = tmp_path
+        run(SqliteOnPostgresMachine, POSTGRES_INDEX_EXAMPLES, steps=30, full_coverage=False)
