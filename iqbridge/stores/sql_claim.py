@@ -28,7 +28,7 @@ No record, change or journal-entry object is made per message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -37,9 +37,11 @@ from sqlalchemy.engine import Connection
 from iqbridge.engine_batch import ClaimPlan, SettlePlan
 from iqbridge.errors import ConcurrentUpdate
 from iqbridge.stores.base import StaleRecord
+from iqbridge.stores.codec import encode
 from iqbridge.stores.row_moves import Claimed, Journal, RowClaims, RowSettles, as_steps
 from iqbridge.stores.sql_commit import _EACH_ATTEMPTS
 from iqbridge.stores.sql_rows import _CHUNK
+from iqbridge.stores.sql_statements import LOCK_HEAD, LOCK_MEMBER
 from iqbridge.stores.sql_writes import _NO_JOURNAL, SqlWrites, _journal
 from iqbridge.writes import Writes
 
@@ -48,34 +50,7 @@ __all__ = ["SqlClaims"]
 T = TypeVar("T")
 
 #: The message columns read for a move in place, then every member column.
-_HEAD = (
-    "msg_id",
-    "queue",
-    "version",
-    "publisher",
-    "publisher_state",
-    "withdrawn",
-    "max_attempts",
-    "native_ref",
-    "updated_at",
-    "expires_at",
-    "lock_id",
-    "priority",
-    "seq",
-)
-_MEMBER = (
-    "subscriber",
-    "pool",
-    "state",
-    "outcome",
-    "attempt",
-    "lease_token",
-    "lease_owner",
-    "lease_until",
-    "not_before",
-    "reason",
-    "updated_at",
-)
+_HEAD, _MEMBER = LOCK_HEAD, LOCK_MEMBER
 _N = len(_HEAD)
 (_ID, _QUEUE, _VERSION, _PUBLISHER, _PS, _WITHDRAWN, _MOST, _REF, _UPDATED) = range(9)
 _EXPIRES, _LOCK, _PRIORITY, _SEQ = 9, 10, 11, 12
@@ -231,7 +206,28 @@ class SqlClaims(SqlWrites):
 
     def _lock_rows(self, conn: Connection, ids: Sequence[str]) -> dict[str, Locked]:
         """Lock the message rows of ``ids`` in msg_id order and read them with their
-        member rows: by msg_id, the compact columns and the member rows."""
+        member rows: by msg_id, the compact columns and the member rows. (PostgreSQL:
+        each message, then each message's members, looked up by key, the ids as one JSON
+        array; elsewhere one ``SELECT ... FOR UPDATE`` of the join, which locks and reads
+        again both.)
+
+        Every writer of a member row holds its message row's lock (a batch write locks
+        the messages first, a single change updates the message row first), so once the
+        messages are locked their members are what the last writer committed."""
+        found: dict[str, Locked] = {}
+        sql = self._sql()
+        if "lock_read" in sql:
+            doc = {"ids": encode(sorted(set(ids)))}
+            heads = {row[0]: row for row in conn.execute(sql["lock_read"], doc)}
+            for row in conn.execute(sql["member_read"], doc):
+                head = heads.get(row[0])
+                if head is not None:
+                    got = found.get(row[0])
+                    if got is None:
+                        found[row[0]] = (head, [list(row[1:])])
+                    else:
+                        got[1].append(list(row[1:]))
+            return found
         stmt = self._compact
         if stmt is None:
             msg, mem = self.tables.messages, self.tables.members
@@ -243,15 +239,19 @@ class SqlClaims(SqlWrites):
                 .with_for_update()
             )
         unique = sorted(set(ids))
-        found: dict[str, Locked] = {}
         for i in range(0, len(unique), _CHUNK):
-            for row in conn.execute(stmt, {"ids": unique[i : i + _CHUNK]}):
-                got = found.get(row[0])
-                if got is None:
-                    found[row[0]] = (row[:_N], [list(row[_N:])])
-                else:
-                    got[1].append(list(row[_N:]))
+            self._gather(found, conn.execute(stmt, {"ids": unique[i : i + _CHUNK]}))
         return found
+
+    @staticmethod
+    def _gather(found: dict[str, Locked], rows: Iterable[Sequence[Any]]) -> None:
+        """Rows of messages joined to members, gathered by msg_id into ``found``."""
+        for row in rows:
+            got = found.get(row[0])
+            if got is None:
+                found[row[0]] = (row[:_N], [list(row[_N:])])
+            else:
+                got[1].append(list(row[_N:]))
 
     def _write(
         self,

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["ENTRY_COLS", "ITEM_COLS", "MEMBER_COLS", "MOVE_COLS", "NEW_COLS", "STEP_COLS"]
+__all__ = ["ENTRY_COLS", "ITEM_COLS", "LOCK_HEAD", "LOCK_MEMBER", "MEMBER_COLS", "MOVE_COLS"]
+__all__ += ["NEW_COLS", "STEP_COLS"]
 __all__ += ["statements"]
 
 #: Column kinds: the SQL type of each on PostgreSQL (a cast of the JSON text, None for
@@ -128,6 +129,38 @@ ENTRY_COLS: Cols = (
     ("detail", "text"),
 )
 _REF_COLS: Cols = (("msg_id", "id"), ("native_ref", "s1024"))
+#: What a claim or settle made in place reads of a locked message, then of each member
+#: (iqbridge.stores.sql_claim).
+LOCK_HEAD = (
+    "msg_id",
+    "queue",
+    "version",
+    "publisher",
+    "publisher_state",
+    "withdrawn",
+    "max_attempts",
+    "native_ref",
+    "updated_at",
+    "expires_at",
+    "lock_id",
+    "priority",
+    "seq",
+)
+LOCK_MEMBER = (
+    "subscriber",
+    "pool",
+    "state",
+    "outcome",
+    "attempt",
+    "lease_token",
+    "lease_owner",
+    "lease_until",
+    "not_before",
+    "reason",
+    "updated_at",
+)
+_LOCK_HEAD: Cols = tuple((n, "") for n in LOCK_HEAD)
+_LOCK_MEMBER: Cols = tuple((n, "") for n in LOCK_MEMBER)
 
 
 def _rows(family: str, param: str, cols: Cols) -> str:
@@ -205,6 +238,24 @@ def _postgresql() -> dict[str, str]:
             "SELECT t.msg_id, t.version FROM (SELECT id FROM jsonb_array_elements_text("
             "CAST(:ids AS jsonb)) AS k(id) ORDER BY id) AS k CROSS JOIN LATERAL"
             " (SELECT msg_id, version FROM {msg} WHERE msg_id = k.id FOR UPDATE) AS t"
+        ),
+        # The same lock, reading the compact columns of each message (a claim or settle
+        # made in place, iqbridge.stores.sql_claim) ...
+        "lock_read": (
+            f"SELECT {_names(_LOCK_HEAD, 't.')} FROM (SELECT id FROM"
+            " jsonb_array_elements_text(CAST(:ids AS jsonb)) AS k(id) ORDER BY id) AS k"
+            f" CROSS JOIN LATERAL (SELECT {_names(_LOCK_HEAD)} FROM {{msg}}"
+            " WHERE msg_id = k.id FOR UPDATE) AS t"
+        ),
+        # ... then their member rows, by key, in a statement of its own: a read in the
+        # statement that waited for the locks would see the members as they were when it
+        # began (READ COMMITTED takes a snapshot per statement; only the locked rows are
+        # read again), not what the transaction it waited for wrote.
+        "member_read": (
+            f"SELECT k.id, {_names(_LOCK_MEMBER, 'u.')} FROM"
+            " jsonb_array_elements_text(CAST(:ids AS jsonb)) AS k(id) CROSS JOIN LATERAL"
+            f" (SELECT {_names(_LOCK_MEMBER)}, position FROM {{mem}} WHERE msg_id = k.id)"
+            " AS u ORDER BY k.id, u.position"
         ),
         # Messages, then their members, payload copies and journal joined to what was
         # inserted: a taken msg_id (ON CONFLICT) writes nothing at all.

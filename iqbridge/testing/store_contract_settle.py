@@ -10,7 +10,9 @@ decides those batches with the batch engine) skips its tests. See
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -194,6 +196,19 @@ def _entries(history: Sequence[JournalEntry]) -> list[tuple[Any, ...]]:
     return [(e.actor, e.actor_kind, e.src, e.dst, e.at, e.attempt, e.detail) for e in history]
 
 
+def _at_once(count: int, work: Callable[[], list[str]]) -> list[str]:
+    """Run ``work`` in ``count`` threads started together; every msg_id they claimed."""
+    start = threading.Barrier(count)
+    with ThreadPoolExecutor(count) as pool:
+
+        def run() -> list[str]:
+            start.wait()
+            return work()
+
+        futures = [pool.submit(run) for _ in range(count)]
+        return [m for f in futures for m in f.result(timeout=120)]
+
+
 class _Ready(StoreContractBase):
     """New messages put as a batch and known by their broker references."""
 
@@ -247,6 +262,28 @@ class ClaimReadyTests(_Ready):
             assert store.claimable(queue, "b", at, 100) == mine + ref
         # Nothing left: an empty claim.
         assert claimer.claim_ready(queue, plan, at, [new_token()]) == ([], [])
+
+    def test_claim_ready_by_claimers_at_once_claims_each_message_once(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        claimer = _claimer(store)
+        ids = self._put(store, queue, 40, to=("a", "b"))
+        plan = engine_batch.claim_plan("a", "a@contract", T0 + SEC + LEASE)
+
+        def claim() -> list[str]:
+            got: list[str] = []
+            for _ in range(100):
+                claimed, off = claimer.claim_ready(queue, plan, T0 + SEC, [new_token()] * 3)
+                got += [c[0] for c in claimed]
+                if not claimed and not off:
+                    break
+            return got
+
+        claimed = _at_once(4, claim)
+        assert sorted(claimed) == sorted(ids)  # every message once, none twice
+        for msg_id in ids:
+            moves = [(e.src, e.dst) for e in store.history(msg_id) if e.actor == "a"]
+            assert moves == [(None, "AVAILABLE"), ("AVAILABLE", "GET"), ("GET", "FETCHED")]
 
     def test_claim_ready_takes_priority_first_and_at_most_one_per_token(
         self, store: IndexStore, queue: str
@@ -324,6 +361,26 @@ class ClaimReceivedTests(_Ready):
         # Entries delivered again: the member is FETCHED now, off the common path.
         again = receiver.claim_received(queue, plan, at, entries[:2], tokens[:2])
         assert again == [None, None]
+
+    def test_claim_received_of_entries_claimed_at_once_claims_each_message_once(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        receiver = _receiver(store)
+        ids = self._put(store, queue, 30, to=("a", "b"))
+        plan = engine_batch.claim_plan("a", "a@contract", T0 + SEC + LEASE)
+        entries = [(m, f"ref-{m}", "") for m in ids]  # delivered to three claimers at once
+
+        def claim() -> list[str]:
+            got = receiver.claim_received(
+                queue, plan, T0 + SEC, entries, [new_token() for _ in entries]
+            )
+            return [c[0] for c in got if c is not None]
+
+        claimed = _at_once(3, claim)
+        assert sorted(claimed) == sorted(ids)  # every message once, none twice
+        for msg_id in ids:
+            moves = [(e.src, e.dst) for e in store.history(msg_id) if e.actor == "a"]
+            assert moves == [(None, "AVAILABLE"), ("AVAILABLE", "GET"), ("GET", "FETCHED")]
 
     def test_claim_received_hands_back_what_is_off_the_common_path(
         self, store: IndexStore, queue: str
