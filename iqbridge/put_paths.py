@@ -233,7 +233,25 @@ class IndexFirst(PutPath):
     which it took already)."""
 
     def put_new(self, audience: Audience, envelopes: list[Envelope], writes: Writes) -> None:
-        self._via_broker(audience, envelopes, writes.as_changes())
+        # Index first: a broker entry must never exist without its record. The records in
+        # one batch commit (the journal as templates); if the broker then refuses, they
+        # are withdrawn (an idempotent put keeps its records instead: the caller repeats
+        # it, and the repeat sends; see _fresh).
+        self._declare_audience(audience)
+        created = self._store.commit_writes(writes)
+        if not all(created):  # a new id taken (ids are new: not expected)
+            taken = [r for r, ok in zip(writes.created, created, strict=True) if not ok]
+            mine = [r for r, ok in zip(writes.created, created, strict=True) if ok]
+            self._withdraw(mine, f"msg_id {taken[0].msg_id} of the put was taken")
+            raise StaleRecord(taken[0].msg_id)
+        try:
+            refs = self._adapter.send(self.name, envelopes)
+        except IQError as exc:
+            self._withdraw(writes.created, f"the broker refused the put ({type(exc).__name__})")
+            raise
+        self._store.set_native_refs(
+            [(rec.msg_id, ref) for rec, ref in zip(writes.created, refs, strict=True)]
+        )
 
     def put_idempotent(self, audience: Audience, envelopes: list[Envelope], writes: Writes) -> None:
         known = self._store.load_many([e.msg_id for e in envelopes])
@@ -265,27 +283,14 @@ class IndexFirst(PutPath):
         store.set_native_refs([(e.msg_id, ref) for e, ref in zip(envelopes, refs, strict=True)])
         return True
 
-    def _via_broker(
-        self, audience: Audience, envelopes: list[Envelope], changes: list[Change]
-    ) -> None:
-        # Index first: a broker entry must never exist without its record. If the broker
-        # then refuses, withdraw (an idempotent put keeps its records instead: the caller
-        # repeats it, and the repeat sends; see _fresh).
-        self._declare_audience(audience)
-        self._store.commit_many(changes)
-        try:
-            refs = self._adapter.send(self.name, envelopes)
-        except IQError as exc:
-            why = f"the broker refused the put ({type(exc).__name__})"
-            now = self._now()
-            undo = [engine.withdraw(c.record, now, why) for c in changes]
-            for change, ok in zip(undo, self._store.commit_each(undo), strict=True):
-                if not ok:  # someone moved it meanwhile: decide on a fresh read
-                    self._apply(change.msg_id, lambda r: engine.withdraw(r, self._now(), why))
-            raise
-        self._store.set_native_refs(
-            [(change.msg_id, ref) for change, ref in zip(changes, refs, strict=True)]
-        )
+    def _withdraw(self, records: list[MessageRecord], why: str) -> None:
+        """Withdraw the records of a put the broker did not take (each as committed,
+        version 1; one moved meanwhile is decided on a fresh read)."""
+        now = self._now()
+        undo = [engine.withdraw(rec, now, why) for rec in records]
+        for change, ok in zip(undo, self._store.commit_each(undo), strict=True):
+            if not ok:  # someone moved it meanwhile: decide on a fresh read
+                self._apply(change.msg_id, lambda r: engine.withdraw(r, self._now(), why))
 
     def _repeat(
         self,
@@ -380,8 +385,4 @@ class SendFirst(IndexFirst):
         except (IQError, StaleRecord):
             log.exception("queue %s: a failed put could not be recorded as withdrawn", self.name)
             return
-        now = self._now()
-        undo = [engine.withdraw(rec, now, why) for rec in writes.created]
-        for change, ok in zip(undo, self._store.commit_each(undo), strict=True):
-            if not ok:  # someone moved it meanwhile: decide on a fresh read
-                self._apply(change.msg_id, lambda r: engine.withdraw(r, self._now(), why))
+        self._withdraw(writes.created, why)
