@@ -19,9 +19,9 @@ import pytest
 
 from iqbridge import engine, engine_batch
 from iqbridge.ids import new_id, new_token
-from iqbridge.model import Audience, JournalEntry, MessageRecord, Pool
+from iqbridge.model import Audience, Filter, JournalEntry, MessageRecord, Pool
 from iqbridge.states import PublisherState, SubscriberState
-from iqbridge.stores.base import ClaimsReady, ClaimsReceived, IndexStore, SettlesHeld
+from iqbridge.stores.base import ClaimsReady, ClaimsReceived, Counting, IndexStore, SettlesHeld
 from iqbridge.testing.store_contract_base import SEC, T0, StoreContractBase, unique
 from iqbridge.writes import Writes
 
@@ -209,6 +209,41 @@ def _at_once(count: int, work: Callable[[], list[str]]) -> list[str]:
         return [m for f in futures for m in f.result(timeout=120)]
 
 
+def _readers_see_the_claim(
+    store: IndexStore, queue: str, claimed: list[str], rest: list[str], until: int
+) -> None:
+    """Every reader of a member's state answers for ``claimed`` (claimed in place by
+    subscriber ``a``) as for a claim of the batch engine: search by state and by
+    subscriber, the counts, the due list; ``rest`` still AVAILABLE to ``a``."""
+    fetched = store.search(queue, Filter(state=S.FETCHED, subscriber="a", limit=1000))
+    assert sorted(h.msg_id for h in fetched) == sorted(claimed)
+    ready = store.search(queue, Filter(state=S.AVAILABLE, subscriber="a", limit=1000))
+    assert sorted(h.msg_id for h in ready) == sorted(rest)
+    if isinstance(store, Counting):
+        counts = store.counts(queue)
+        assert counts.subscribers["a"].get(S.FETCHED, 0) == len(claimed)
+        assert counts.subscribers["a"].get(S.AVAILABLE, 0) == len(rest)
+    assert set(claimed) <= set(store.due(queue, until, 1000))
+    assert not set(claimed) & set(store.due(queue, until - 1, 1000))
+
+
+def _stale_reads_are_refused(store: IndexStore, queue: str, before: MessageRecord) -> None:
+    """A record read before an in-place claim cannot be moved on that read, in a batch
+    or alone: the claim is seen by every compare-and-set."""
+    at = T0 + 2 * SEC
+    moved, steps, off = engine_batch.claim(
+        [before], "a", at, [new_token()], owner="late@contract", lease_until=at + LEASE
+    )
+    assert off == []
+    assert store.commit_writes(Writes(queue, moved=moved, journal=steps)) == [False]
+    late = engine.claim(
+        before, "a", at, token=new_token(), owner="late@contract", lease_until=at + LEASE
+    )
+    assert store.commit_each([late]) == [False]
+    rec = store.load(before.msg_id)
+    assert rec.members["a"].lease_owner == "a@contract"  # the in-place claim's, unchanged
+
+
 class _Ready(StoreContractBase):
     """New messages put as a batch and known by their broker references."""
 
@@ -262,6 +297,19 @@ class ClaimReadyTests(_Ready):
             assert store.claimable(queue, "b", at, 100) == mine + ref
         # Nothing left: an empty claim.
         assert claimer.claim_ready(queue, plan, at, [new_token()]) == ([], [])
+
+    def test_claim_ready_is_what_every_reader_and_compare_and_set_sees(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        claimer = _claimer(store)
+        ids = self._put(store, queue, 6)
+        before = store.load(ids[0])  # read before the claim
+        until = T0 + SEC + LEASE
+        plan = engine_batch.claim_plan("a", "a@contract", until)
+        claimed, off = claimer.claim_ready(queue, plan, T0 + SEC, [new_token() for _ in range(4)])
+        assert off == [] and [c[0] for c in claimed] == ids[:4]
+        _readers_see_the_claim(store, queue, ids[:4], ids[4:], until)
+        _stale_reads_are_refused(store, queue, before)
 
     def test_claim_ready_by_claimers_at_once_claims_each_message_once(
         self, store: IndexStore, queue: str
@@ -361,6 +409,22 @@ class ClaimReceivedTests(_Ready):
         # Entries delivered again: the member is FETCHED now, off the common path.
         again = receiver.claim_received(queue, plan, at, entries[:2], tokens[:2])
         assert again == [None, None]
+
+    def test_claim_received_is_what_every_reader_and_compare_and_set_sees(
+        self, store: IndexStore, queue: str
+    ) -> None:
+        receiver = _receiver(store)
+        ids = self._put(store, queue, 6)
+        before = store.load(ids[0])  # read before the claim
+        until = T0 + SEC + LEASE
+        plan = engine_batch.claim_plan("a", "a@contract", until)
+        entries = [(m, f"ref-{m}", "") for m in ids[:4]]
+        got = receiver.claim_received(
+            queue, plan, T0 + SEC, entries, [new_token() for _ in entries]
+        )
+        assert [c[0] if c else None for c in got] == ids[:4]
+        _readers_see_the_claim(store, queue, ids[:4], ids[4:], until)
+        _stale_reads_are_refused(store, queue, before)
 
     def test_claim_received_of_entries_claimed_at_once_claims_each_message_once(
         self, store: IndexStore, queue: str
