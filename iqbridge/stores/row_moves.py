@@ -23,7 +23,7 @@ the batch engine on records.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from iqbridge.engine_batch import ClaimPlan, SettlePlan
@@ -43,7 +43,7 @@ from iqbridge.stores.codec import (
 )
 from iqbridge.writes import Step, Steps
 
-__all__ = ["Claimed", "RowClaims", "RowSettles", "Settled", "as_steps"]
+__all__ = ["Claimed", "RowClaims", "RowSettles", "Settled", "as_steps", "claim_entries_in_order"]
 
 _DONE = SubscriberState.DONE.value
 _JOURNALLED = SubscriberState.JOURNALLED.value
@@ -195,6 +195,34 @@ class RowSettles:
     def journal(self) -> Journal:
         """The batch's journal, one group per instant, state left and publisher move."""
         return ((key[0], journal, items) for key, (journal, items) in self.groups.items())
+
+
+def claim_entries_in_order(
+    entries: Sequence[tuple[str, str, str]],
+    tokens: Sequence[str],
+    claim: Callable[[str, str, str], Claimed | None],
+) -> list[Claimed | None]:
+    """Walk a consumer group's broker entries (msg_id, broker reference, ordering key) in
+    the order the broker delivered them, calling ``claim(msg_id, ref, token)`` for each
+    that may be claimed here, the n-th claim under ``tokens[n]``: not a second entry of
+    one message, nor an entry after one of its ordering key that was not claimed (the
+    per-message path decides those in order). Per entry, its claim or None."""
+    out: list[Claimed | None] = []
+    seen: set[str] = set()
+    held: set[str] = set()
+    n = 0
+    for msg_id, ref, key in entries:
+        got = None
+        if msg_id not in seen and not (key and key in held):
+            got = claim(msg_id, ref, tokens[n])
+        seen.add(msg_id)
+        if got is None:
+            if key:
+                held.add(key)
+        else:
+            n += 1
+        out.append(got)
+    return out
 
 
 def as_steps(journal: Journal) -> list[Steps]:

@@ -28,18 +28,22 @@ No record, change or journal-entry object is made per message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from iqbridge.engine_batch import ClaimPlan, SettlePlan
-from iqbridge.errors import ConcurrentUpdate
-from iqbridge.stores.base import StaleRecord
 from iqbridge.stores.codec import encode
-from iqbridge.stores.row_moves import Claimed, Journal, RowClaims, RowSettles, as_steps
-from iqbridge.stores.sql_commit import _EACH_ATTEMPTS
+from iqbridge.stores.row_moves import (
+    Claimed,
+    Journal,
+    RowClaims,
+    RowSettles,
+    as_steps,
+    claim_entries_in_order,
+)
 from iqbridge.stores.sql_rows import _CHUNK
 from iqbridge.stores.sql_statements import LOCK_HEAD, LOCK_MEMBER
 from iqbridge.stores.sql_writes import _NO_JOURNAL, SqlWrites, _journal
@@ -47,7 +51,6 @@ from iqbridge.writes import Writes
 
 __all__ = ["SqlClaims"]
 
-T = TypeVar("T")
 
 #: The message columns read for a move in place, then every member column.
 _HEAD, _MEMBER = LOCK_HEAD, LOCK_MEMBER
@@ -96,7 +99,7 @@ class SqlClaims(SqlWrites):
             self._write(conn, queue, plan.subscriber, moved, claims.journal())
             return claimed, off
 
-        return self._in_place(run, "(claim)")
+        return self._retrying(run, "(claim)")
 
     def claim_received(
         self,
@@ -117,32 +120,22 @@ class SqlClaims(SqlWrites):
             found = self._lock_rows(conn, [msg_id for msg_id, _, _ in entries])
             claims = RowClaims(plan, at)
             moved: list[tuple[Locked, int, int | None]] = []
-            out: list[Claimed | None] = []
-            seen: set[str] = set()
-            held: set[str] = set()
-            for msg_id, ref, key in entries:
+
+            def claim(msg_id: str, ref: str, token: str) -> Claimed | None:
                 locked = found.get(msg_id)
-                got = None
-                if (
-                    locked is not None
-                    and msg_id not in seen
-                    and not (key and key in held)
-                    and locked[0][_REF] == ref
-                ):
-                    got = self._claim_one(claims, queue, *locked, ref, tokens[len(moved)])
-                seen.add(msg_id)
+                if locked is None or locked[0][_REF] != ref:
+                    return None
+                got = self._claim_one(claims, queue, *locked, ref, token)
                 if got is None:
-                    if key:
-                        held.add(key)
-                    out.append(None)
-                else:
-                    assert locked is not None
-                    out.append(got[0])
-                    moved.append((locked, got[1], got[2]))
+                    return None
+                moved.append((locked, got[1], got[2]))
+                return got[0]
+
+            out = claim_entries_in_order(entries, tokens, claim)
             self._write(conn, queue, plan.subscriber, moved, claims.journal())
             return out
 
-        return self._in_place(run, entries[0][0])
+        return self._retrying(run, entries[0][0])
 
     def settle_held(
         self, queue: str, plan: SettlePlan, at: int, held: Sequence[tuple[str, str]]
@@ -178,7 +171,7 @@ class SqlClaims(SqlWrites):
             self._write(conn, queue, plan.subscriber, moved, settles.journal())
             return flags
 
-        return self._in_place(run, held[0][0])
+        return self._retrying(run, held[0][0])
 
     # --- the parts -------------------------------------------------------------------------
 
@@ -293,21 +286,6 @@ class SqlClaims(SqlWrites):
         )
         if not fold:
             self._journal_batch(conn, writes, ok)
-
-    def _in_place(self, run: Callable[[Connection], T], first: str) -> T:
-        """``run`` in one transaction (a savepoint inside the caller's); one the database
-        rolls back (a deadlock) is tried again, twice at most, as a batch commit is."""
-        for _ in range(_EACH_ATTEMPTS):
-            try:
-                with self._writing(savepoint=True) as conn:
-                    return run(conn)
-            except StaleRecord:
-                pass  # rows changed under the lock (not expected): all was rolled back
-            except sa.exc.SQLAlchemyError as exc:
-                err = self._translate(exc, first)
-                if not isinstance(err, StaleRecord):
-                    raise err from None
-        raise ConcurrentUpdate(first, _EACH_ATTEMPTS)
 
 
 def _with_state(head: Sequence[Any], publisher_state: str) -> Sequence[Any]:

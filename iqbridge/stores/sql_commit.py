@@ -6,8 +6,8 @@ retained payload copies, and native refs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -24,6 +24,8 @@ __all__ = ["SqlCommits"]
 
 #: Tries of a commit_each whose transaction the database rolled back (deadlock).
 _EACH_ATTEMPTS = 3
+
+T = TypeVar("T")
 
 
 class SqlCommits(SqlStoreBase):
@@ -72,19 +74,30 @@ class SqlCommits(SqlStoreBase):
         if not changes:
             return []
         seqs = [c.record.seq for c in changes]
-        for _ in range(_EACH_ATTEMPTS):
+
+        def run(conn: Connection) -> list[bool]:
             for change, seq in zip(changes, seqs, strict=True):
                 change.record.seq = seq  # as it was before a try that was rolled back
+            return self._commit_each(conn, changes)
+
+        return self._retrying(run, changes[0].msg_id)
+
+    def _retrying(self, run: Callable[[Connection], T], first: str) -> T:
+        """``run`` in one transaction (a savepoint inside the caller's); one the database
+        rolls back (a deadlock), or whose rows changed under its lock (StaleRecord), is
+        tried again, twice at most; inside an enclosing transaction that is lost too,
+        ConcurrentUpdate is raised (naming ``first``)."""
+        for _ in range(_EACH_ATTEMPTS):
             try:
                 with self._writing(savepoint=True) as conn:
-                    return self._commit_each(conn, changes)
+                    return run(conn)
             except StaleRecord:
                 pass  # rows changed under the lock (not expected): all was rolled back
             except sa.exc.SQLAlchemyError as exc:
-                err = self._translate(exc, changes[0].msg_id)
+                err = self._translate(exc, first)
                 if not isinstance(err, StaleRecord):
                     raise err from None
-        raise ConcurrentUpdate(changes[0].msg_id, _EACH_ATTEMPTS)
+        raise ConcurrentUpdate(first, _EACH_ATTEMPTS)
 
     def _commit_each(self, conn: Connection, changes: Sequence[Change]) -> list[bool]:
         first: dict[str, int] = {}

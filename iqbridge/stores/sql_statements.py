@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from iqbridge.stores.sql_rows import _MEMBER_COLS
+
 __all__ = ["ENTRY_COLS", "ITEM_COLS", "LOCK_HEAD", "LOCK_MEMBER", "MEMBER_COLS", "MOVE_COLS"]
 __all__ += ["NEW_COLS", "STEP_COLS"]
 __all__ += ["statements"]
@@ -146,19 +148,7 @@ LOCK_HEAD = (
     "priority",
     "seq",
 )
-LOCK_MEMBER = (
-    "subscriber",
-    "pool",
-    "state",
-    "outcome",
-    "attempt",
-    "lease_token",
-    "lease_owner",
-    "lease_until",
-    "not_before",
-    "reason",
-    "updated_at",
-)
+LOCK_MEMBER = _MEMBER_COLS  # every member column, as a record reads them
 _LOCK_HEAD: Cols = tuple((n, "") for n in LOCK_HEAD)
 _LOCK_MEMBER: Cols = tuple((n, "") for n in LOCK_MEMBER)
 

@@ -51,12 +51,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from iqbridge.engine import Change
-from iqbridge.errors import ConcurrentUpdate
 from iqbridge.model import MessageRecord, Retained
 from iqbridge.states import ActorKind
 from iqbridge.stores.base import StaleRecord
 from iqbridge.stores.codec import encode, member_moves
-from iqbridge.stores.sql_commit import _EACH_ATTEMPTS, SqlCommits
+from iqbridge.stores.sql_commit import SqlCommits
 from iqbridge.stores.sql_rows import _CHUNK, _message_row
 from iqbridge.stores.sql_statements import NEW_COLS, statements
 from iqbridge.writes import Writes
@@ -99,21 +98,15 @@ class SqlWrites(SqlCommits):
             if writes.moved
             else changes[0].msg_id
         )
-        for _ in range(_EACH_ATTEMPTS):
+
+        def run(conn: Connection) -> list[bool]:
             for rec in writes.created:
                 rec.seq = None  # as it was before a try that was rolled back
             for change, seq in zip(changes, seqs, strict=True):
                 change.record.seq = seq
-            try:
-                with self._writing(savepoint=True) as conn:
-                    return self._commit_writes(conn, writes)
-            except StaleRecord:
-                pass  # rows changed under the lock (not expected): all was rolled back
-            except sa.exc.SQLAlchemyError as exc:
-                err = self._translate(exc, first)
-                if not isinstance(err, StaleRecord):
-                    raise err from None
-        raise ConcurrentUpdate(first, _EACH_ATTEMPTS)
+            return self._commit_writes(conn, writes)
+
+        return self._retrying(run, first)
 
     def _commit_writes(self, conn: Connection, writes: Writes) -> list[bool]:
         ids = {r.msg_id for r in writes.created}
@@ -403,17 +396,12 @@ class SqlWrites(SqlCommits):
             super().set_native_refs(refs)
             return
         ids = sorted({m for m, _ in refs})
-        for _ in range(_EACH_ATTEMPTS):
-            try:
-                with self._writing(savepoint=True) as conn:
-                    self._lock(conn, ids)
-                    conn.execute(sql, {"doc": encode(list(refs))})
-                    return
-            except sa.exc.SQLAlchemyError as exc:
-                err = self._translate(exc, ids[0])
-                if not isinstance(err, StaleRecord):  # not worth a retry, or not ours
-                    raise err from None
-        raise ConcurrentUpdate(ids[0], _EACH_ATTEMPTS)
+
+        def run(conn: Connection) -> None:
+            self._lock(conn, ids)
+            conn.execute(sql, {"doc": encode(list(refs))})
+
+        self._retrying(run, ids[0])
 
     # --- moved ---------------------------------------------------------------------------------
 

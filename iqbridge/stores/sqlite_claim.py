@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from iqbridge.engine_batch import ClaimPlan
-from iqbridge.stores.row_moves import Claimed, RowClaims
+from iqbridge.stores.row_moves import Claimed, RowClaims, claim_entries_in_order
 from iqbridge.stores.sqlite_commit import DELETE_READY, write_batch_journal
 
 __all__ = ["Claimed", "claim_entries", "claim_rows"]
@@ -100,28 +100,14 @@ def claim_entries(
         for row in conn.execute(_SELECT_IDS.format(",".join("?" * len(part))), part):
             rows[row[_MSG_ID]] = row
     batch = _Batch(queue, plan, at)
-    out: list[Claimed | None] = []
-    seen: set[str] = set()
-    held: set[str] = set()
-    n = 0
-    for msg_id, ref, key in entries:
+
+    def claim(msg_id: str, ref: str, token: str) -> Claimed | None:
         row = rows.get(msg_id)
-        got = None
-        if (
-            row is not None
-            and msg_id not in seen
-            and not (key and key in held)
-            and row[_QUEUE] == queue
-            and row[_NATIVE_REF] == ref
-        ):
-            got = batch.claim(row, ref, tokens[n])
-        seen.add(msg_id)
-        if got is None:
-            if key:
-                held.add(key)
-        else:
-            n += 1
-        out.append(got)
+        if row is None or row[_QUEUE] != queue or row[_NATIVE_REF] != ref:
+            return None
+        return batch.claim(row, ref, token)
+
+    out = claim_entries_in_order(entries, tokens, claim)
     batch.write(conn)
     return out
 

@@ -640,6 +640,13 @@ def check_pools_have_one_owner(state: MessageState) -> None:
         assert len(dones) <= 1, f"pool {pool} reached DONE {len(dones)} times"
 
 
+def remove_sqlite_file(path: Path) -> None:
+    """Delete a SQLite file an example used, with its write-ahead log."""
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            Path(f"{path}{suffix}").unlink()
+
+
 class SqliteQueueMachine(QueueMachine):
     """The same machine on the embedded SQLite queue: index-driven delivery, one file."""
 
@@ -658,9 +665,7 @@ class SqliteQueueMachine(QueueMachine):
 
     def teardown(self) -> None:
         super().teardown()
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                Path(f"{self.path}{suffix}").unlink()
+        remove_sqlite_file(self.path)
 
 
 class SqliteIndexMachine(SqliteQueueMachine):
@@ -750,9 +755,7 @@ class SqliteOnPostgresMachine(PostgresIndexMachine):
 
     def teardown(self) -> None:
         super().teardown()
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                Path(f"{self.path}{suffix}").unlink()
+        remove_sqlite_file(self.path)
 
 
 def run(machine: type[QueueMachine], examples: int, steps: int, *, full_coverage: bool) -> None:
