@@ -37,6 +37,7 @@ from iqbridge.redaction import redact
 from iqbridge.states import PublisherState, SubscriberState
 from iqbridge.stores.base import AvailableQueries, ClaimedRow, PurgedMessage, StaleRecord
 from iqbridge.stores.codec import matches, summary
+from iqbridge.stores.row_moves import Claimed, claim_entries_in_order
 from iqbridge.writes import Writes
 
 __all__ = ["MemoryStore"]
@@ -175,29 +176,23 @@ class MemoryStore(AvailableQueries):
         :class:`~iqbridge.stores.base.ClaimsReceived`)."""
         with self._lock:
             mine: list[MessageRecord] = []
-            picked: list[str | None] = []
-            seen: set[str] = set()
-            held: set[str] = set()
-            for msg_id, ref, key in entries:
+
+            def pick(msg_id: str, ref: str, token: str) -> Claimed | None:
                 rec = self._records.get(msg_id)
-                ok = (
-                    rec is not None
-                    and msg_id not in seen
-                    and not (key and key in held)
-                    and rec.queue == queue
-                    and rec.native_ref == ref
-                    and _claimable(rec, plan, at, ref)
-                )
-                seen.add(msg_id)
-                if ok and rec is not None:
-                    mine.append(rec)
-                    picked.append(msg_id)
-                else:
-                    picked.append(None)
-                    if key:
-                        held.add(key)
+                if (
+                    rec is None
+                    or rec.queue != queue
+                    or rec.native_ref != ref
+                    or not _claimable(rec, plan, at, ref)
+                ):
+                    return None
+                mine.append(rec)
+                attempt = rec.members[plan.subscriber].attempt
+                return Claimed(msg_id, ref, attempt, rec.max_attempts, token)
+
+            picked = claim_entries_in_order(entries, tokens, pick)
             claimed = self._claim(queue, plan, at, mine, tokens)
-            return [claimed[m] if m is not None else None for m in picked]
+            return [claimed[p.msg_id] if p is not None else None for p in picked]
 
     def _claim(
         self,
