@@ -33,7 +33,7 @@ from iqbridge.errors import ConfigurationError, IndexUnavailable, MessageNotFoun
 from iqbridge.model import JournalEntry
 from iqbridge.redaction import get_logger
 from iqbridge.stores.codec import entries_from_json
-from iqbridge.stores.redis_scripts import _SCRIPTS, DirectScripts, _lua
+from iqbridge.stores.redis_scripts import _SCRIPTS, DirectScripts, lua_fragment
 
 __all__ = ["RedisStoreBase", "transient"]
 
@@ -86,7 +86,7 @@ class RedisStoreBase:
         self._journal_key = k + "journal"
         self._queues_key = k + "queues"
         self._subs_key = k + "subs"
-        scripts: dict[str, Script] = {n: client.register_script(_lua(n)) for n in _SCRIPTS}
+        scripts: dict[str, Script] = {n: client.register_script(lua_fragment(n)) for n in _SCRIPTS}
         self._commit = scripts["commit"]
         self._writes = scripts["writes"]
         self._put = scripts["put"]

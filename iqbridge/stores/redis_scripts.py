@@ -33,28 +33,25 @@ _SCRIPTS = (
 )
 
 
-def _lua(name: str) -> str:
-    """A script of ``stores/lua/``, the fragments it includes spliced in."""
-    text = lua_fragment(name)
-    for fragment in _FRAGMENTS:
-        text = text.replace(f"{{{fragment}}}", lua_fragment(fragment))
-    return text
-
-
-#: Lua code several scripts include, each at a line ``{<name>}``: the claim of one
-#: message for a subscriber (the Redis Streams receive script and claim.lua).
-_FRAGMENTS = ("claim_member",)
+#: Lua code several scripts include, each at a line ``{<name>}``: JSON helpers and a
+#: member row's encoding (settle.lua, claim_member.lua), the claim of one message for a
+#: subscriber (the Redis Streams receive script and claim.lua).
+_FRAGMENTS = ("claim_member", "member_row")
 
 
 def lua_fragment(name: str) -> str:
-    """The Lua code of ``stores/lua/<name>.lua`` as it is (the claim of one message,
-    ``claim_member``, for a script to splice in where it is needed)."""
-    return (
+    """The Lua code of ``stores/lua/<name>.lua`` with the fragments it includes spliced
+    in (a script, or a fragment such as ``claim_member`` for a script to splice in)."""
+    text = (
         resources.files("iqbridge.stores")
         .joinpath("lua")
         .joinpath(f"{name}.lua")
         .read_text("utf-8")
     )
+    for fragment in _FRAGMENTS:
+        if f"{{{fragment}}}" in text:
+            text = text.replace(f"{{{fragment}}}", lua_fragment(fragment))
+    return text
 
 
 class _Held:

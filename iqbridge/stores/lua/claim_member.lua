@@ -4,21 +4,14 @@
 -- consumer group's entries). The script that includes it defines first: rp (the key
 -- prefix), csub, cat, cuntil, cowner, cstate, csteps, ckey, rkey, dkey, available,
 -- revealed and next_token(n), the lease token of the n-th claim. It defines the claims'
--- counters (claimed, jn, jgroups, jorder) and NULL, js() and num(), which the script may
--- use after it.
+-- counters (claimed, jn, jgroups, jorder) and, through member_row.lua, NULL, js(), num()
+-- and rowjson(), which the script may use after it.
 --
 -- f is the record hash's fields v, s, n, r, u, mo, x, lk, ix, h (HMGET, in that order);
 -- over its "ms:<msg_id>" hash (HGETALL, empty when the record was never moved).
 
+{member_row}
 local claimed, jn, jgroups, jorder = 0, false, {}, {}
-local NULL = cjson.null
-local function js(x)
-  if x == NULL or x == nil then return 'null' end
-  return cjson.encode(x)
-end
-local function num(x)
-  return string.format('%.0f', x)
-end
 
 -- Claim one entry's message for csub if it is on the common path (the member AVAILABLE
 -- in no pool, the message REVEALED, neither locked nor with a time limit, past any
@@ -74,10 +67,9 @@ local function claim(id, f, over)
   end
   redis.call('HSET', key, 'v', num(tonumber(f[1]) + 1), 'u', stamp, 'mo', '1', 'h', h,
     'ix', cjson.encode(ix))
-  redis.call('HSET', rp .. 'ms:' .. id, csub, '[' .. cjson.encode(csub) .. ',null,' ..
-    cjson.encode(cstate) .. ',' .. js(row[4]) .. ',' .. num(row[5]) .. ',"' .. token ..
-    '",' .. cjson.encode(cowner) .. ',' .. (cuntil ~= '' and cuntil or 'null') ..
-    ',null,' .. js(row[10]) .. ',' .. stamp .. ']')
+  row[3], row[6], row[7] = cstate, token, cowner
+  row[8], row[9], row[11] = cuntil ~= '' and cuntil or NULL, NULL, stamp
+  redis.call('HSET', rp .. 'ms:' .. id, csub, rowjson(row))
   if nb ~= NULL then
     redis.call('HDEL', key, 'b:' .. csub)
   end

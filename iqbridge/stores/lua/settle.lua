@@ -32,20 +32,9 @@
 
 local P, wid, ttl, q, sub = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local at = tonumber(ARGV[6])
-local NULL = cjson.null
 local PER_ROW = 65535
 
-local function js(x)
-  if x == NULL or x == nil then return 'null' end
-  return cjson.encode(x)
-end
-local function num(x)
-  return string.format('%.0f', x)
-end
-local function numornull(x)
-  if x == NULL or x == nil then return 'null' end
-  return num(x)
-end
+{member_row}
 
 local a = 7
 local moves = {}
@@ -85,12 +74,6 @@ local function flush()
 end
 local flags = {}
 local acks, ackorder = {}, {}
-
-local function rowjson(r)
-  return '[' .. js(r[1]) .. ',' .. js(r[2]) .. ',' .. js(r[3]) .. ',' .. js(r[4]) .. ',' ..
-    num(r[5]) .. ',' .. js(r[6]) .. ',' .. js(r[7]) .. ',' .. numornull(r[8]) .. ',' ..
-    numornull(r[9]) .. ',' .. js(r[10]) .. ',' .. num(r[11]) .. ']'
-end
 
 for i = 1, n do
   local id, token, group, ref = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
