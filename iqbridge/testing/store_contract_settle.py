@@ -196,17 +196,27 @@ def _entries(history: Sequence[JournalEntry]) -> list[tuple[Any, ...]]:
     return [(e.actor, e.actor_kind, e.src, e.dst, e.at, e.attempt, e.detail) for e in history]
 
 
-def _at_once(count: int, work: Callable[[], list[str]]) -> list[str]:
-    """Run ``work`` in ``count`` threads started together; every msg_id they claimed."""
+def _at_once(count: int, work: Callable[[], list[Any]]) -> list[Any]:
+    """Run ``work`` in ``count`` threads started together; every claim they made."""
     start = threading.Barrier(count)
     with ThreadPoolExecutor(count) as pool:
 
-        def run() -> list[str]:
+        def run() -> list[Any]:
             start.wait()
             return work()
 
         futures = [pool.submit(run) for _ in range(count)]
-        return [m for f in futures for m in f.result(timeout=120)]
+        return [c for f in futures for c in f.result(timeout=120)]
+
+
+def _claimed_once(store: IndexStore, ids: list[str], claims: list[Any]) -> None:
+    """Claims made at once by several claimers took every message once, none twice, each
+    held under the token its claim returned and journalled once."""
+    assert sorted(c[0] for c in claims) == sorted(ids)
+    for msg_id, _, _, _, token in claims:
+        assert store.load(msg_id).members["a"].lease_token == token
+        moves = [(e.src, e.dst) for e in store.history(msg_id) if e.actor == "a"]
+        assert moves == [(None, "AVAILABLE"), ("AVAILABLE", "GET"), ("GET", "FETCHED")]
 
 
 def _readers_see_the_claim(
@@ -318,20 +328,18 @@ class ClaimReadyTests(_Ready):
         ids = self._put(store, queue, 40, to=("a", "b"))
         plan = engine_batch.claim_plan("a", "a@contract", T0 + SEC + LEASE)
 
-        def claim() -> list[str]:
-            got: list[str] = []
+        def claim() -> list[Any]:
+            got: list[Any] = []
             for _ in range(100):
-                claimed, off = claimer.claim_ready(queue, plan, T0 + SEC, [new_token()] * 3)
-                got += [c[0] for c in claimed]
+                claimed, off = claimer.claim_ready(
+                    queue, plan, T0 + SEC, [new_token() for _ in range(3)]
+                )
+                got += claimed
                 if not claimed and not off:
                     break
             return got
 
-        claimed = _at_once(4, claim)
-        assert sorted(claimed) == sorted(ids)  # every message once, none twice
-        for msg_id in ids:
-            moves = [(e.src, e.dst) for e in store.history(msg_id) if e.actor == "a"]
-            assert moves == [(None, "AVAILABLE"), ("AVAILABLE", "GET"), ("GET", "FETCHED")]
+        _claimed_once(store, ids, _at_once(4, claim))
 
     def test_claim_ready_takes_priority_first_and_at_most_one_per_token(
         self, store: IndexStore, queue: str
@@ -434,17 +442,13 @@ class ClaimReceivedTests(_Ready):
         plan = engine_batch.claim_plan("a", "a@contract", T0 + SEC + LEASE)
         entries = [(m, f"ref-{m}", "") for m in ids]  # delivered to three claimers at once
 
-        def claim() -> list[str]:
+        def claim() -> list[Any]:
             got = receiver.claim_received(
                 queue, plan, T0 + SEC, entries, [new_token() for _ in entries]
             )
-            return [c[0] for c in got if c is not None]
+            return [c for c in got if c is not None]
 
-        claimed = _at_once(3, claim)
-        assert sorted(claimed) == sorted(ids)  # every message once, none twice
-        for msg_id in ids:
-            moves = [(e.src, e.dst) for e in store.history(msg_id) if e.actor == "a"]
-            assert moves == [(None, "AVAILABLE"), ("AVAILABLE", "GET"), ("GET", "FETCHED")]
+        _claimed_once(store, ids, _at_once(3, claim))
 
     def test_claim_received_hands_back_what_is_off_the_common_path(
         self, store: IndexStore, queue: str
